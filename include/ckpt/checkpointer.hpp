@@ -1,0 +1,701 @@
+#pragma once
+/// @file checkpointer.hpp
+/// `ckpt::checkpointer`: saves and loads a Checkpointable state under a root, composing a
+/// ShardPolicy, a Storage, a Codec and a DevicePolicy.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "concepts.hpp"
+#include "config.hpp"
+#include "detail/collective.hpp"
+#include "detail/coverage.hpp"
+#include "detail/format.hpp"
+#include "detail/hash.hpp"
+#include "detail/metadata.hpp"
+#include "detail/region.hpp"
+#include "detail/shard_io.hpp"
+#include "error.hpp"
+#include "host_copy.hpp"
+#include "names.hpp"
+#include "options.hpp"
+#include "posix.hpp"
+#include "raw.hpp"
+#include "single_process.hpp"
+#include "visitor.hpp"
+
+namespace ckpt {
+
+/// A committed tag, as `checkpointer::tags()` lists them.
+struct tag_info {
+  std::string tag;
+  std::uint64_t iteration = 0;
+  bool latest = false;  ///< the tag `latest` names
+};
+
+namespace detail {
+inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory is a ckpt tag"
+inline constexpr std::string_view metadata_file = "metadata.json";
+inline constexpr std::string_view latest_file = "latest";
+inline constexpr std::string_view validation_name = "__ckpt.validation_logits";
+
+inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+/// What every rank sends rank 0 after writing: its file (if any) and index.
+inline std::string encode_report(const std::optional<written_shard>& w) {
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(w.has_value());
+    if (w) {
+      write_string(ar, w->path);
+      ar(w->size, w->index_xxh3);
+      write_string(ar, encode_index(w->index));
+    }
+  }
+  return std::move(os).str();
+}
+
+struct rank_report {
+  std::optional<std::string> path;
+  std::uint64_t size = 0;
+  std::uint64_t index_xxh3 = 0;
+  shard_index index;
+};
+
+inline rank_report decode_report(std::span<const std::byte> b, int rank) {
+  const std::string where = "the report of rank " + std::to_string(rank);
+  span_streambuf buf(b);
+  std::istream is(&buf);
+  rank_report r;
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    bounded_reader rd{ar, b.size(), where};
+    bool has;
+    ar(has);
+    if (has) {
+      r.path = rd.string();
+      ar(r.size, r.index_xxh3);
+      const auto idx = rd.string();
+      r.index = decode_index(as_bytes(idx), where);
+    }
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(error_kind::communication, where + " is malformed: " + e.what());
+  }
+  return r;
+}
+
+inline std::string join(const std::vector<std::string>& v, std::size_t max_shown = 50) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size() && i < max_shown; ++i) s += (i ? ", " : "") + printable(v[i]);
+  if (v.size() > max_shown) s += ", ... (" + std::to_string(v.size()) + " in all)";
+  return s;
+}
+
+inline std::string index_string(std::uint64_t flat, const shape_t& shape) {
+  shape_t idx(shape.size());
+  for (std::size_t d = shape.size(); d > 0; --d) {
+    idx[d - 1] = shape[d - 1] ? flat % shape[d - 1] : 0;
+    flat = shape[d - 1] ? flat / shape[d - 1] : 0;
+  }
+  return to_string(idx);
+}
+}  // namespace detail
+
+/// Saves and loads the whole training state of an engine under one root.
+///
+/// Template parameters choose, at compile time, who writes what (`ShardPolicy`), where bytes
+/// go (`Storage`), how they are encoded (`Codec`) and how they reach host memory
+/// (`DevicePolicy`). Every save follows the commit protocol of docs/format.md: shard files
+/// first, `metadata.json` last, then `latest`, each written under a temporary name, fsync'd and
+/// renamed; a crash at any point leaves the previous checkpoint loadable.
+///
+/// @code
+/// ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, "/ckpt/run1", {.keep_last_n = 3}};
+/// cp.save(step, model, {.config = args});
+/// auto r = cp.load(model, {.config = args});   // from `latest`
+/// step = r.iteration;
+/// @endcode
+template <class Policy = single_process, class Store = posix, class Enc = raw, class Device = host_copy>
+class checkpointer {
+  static_assert(detail::diagnose_shard_policy<Policy>());
+  static_assert(detail::diagnose_storage<Store>());
+  static_assert(detail::diagnose_codec<Enc>());
+  static_assert(detail::diagnose_device_policy<Device>());
+
+ public:
+  using policy_type = Policy;
+  using storage_type = Store;
+  using codec_type = Enc;
+  using device_type = Device;
+
+  checkpointer(Policy policy, Store storage, checkpointer_options options = {}, Enc codec = {}, Device device = {})
+      : policy_(std::move(policy)), storage_(std::move(storage)), options_(std::move(options)),
+        codec_(std::move(codec)), device_(std::move(device)) {
+    if (options_.chunk_bytes == 0) throw error(error_kind::invalid_argument, "checkpointer_options::chunk_bytes must be > 0");
+  }
+
+  Policy& policy() noexcept { return policy_; }
+  Store& storage() noexcept { return storage_; }
+  const checkpointer_options& options() const noexcept { return options_; }
+
+  /// Saves `state` as iteration `iteration` and commits it (collective: every rank calls it).
+  /// On return the tag is committed and `latest` names it; on error nothing was committed and
+  /// the previous checkpoint still loads.
+  template <class T>
+  void save(std::uint64_t iteration, const T& state, const save_options& opts = {}) {
+    static_assert(detail::diagnose_checkpointable<T>());
+    auto& comm = policy_.communicator();
+    const std::string tag = opts.tag.value_or(default_tag(iteration));
+    visitor v;
+    std::vector<detail::stored_tensor> mine;
+    detail::collective(comm, [&] {
+      validate_tag(tag);
+      detail::visit_state(v, state);
+      for (const auto& t : v.tensors()) {
+        check_tensor(t.name, t.ref);
+        if (policy_.writes(t.name, t.ref)) mine.push_back({t.name, t.ref});
+      }
+      if (opts.validation_logits && comm.rank() == 0) {
+        if (!is_floating(opts.validation_logits->type()))
+          throw error(error_kind::invalid_argument, "validation logits must be floating point, not " +
+                                                        std::string(to_string(opts.validation_logits->type())));
+        check_tensor("validation logits", *opts.validation_logits);
+        mine.push_back({std::string(detail::validation_name), *opts.validation_logits});
+      }
+    });
+    agree_on(comm, tag, iteration);
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) prepare_tag(tag, opts.overwrite);
+    });
+    comm.barrier();
+    std::optional<detail::written_shard> written;
+    detail::collective(comm, [&] {
+      if (auto path = policy_.shard_file()) {
+        detail::check_key(*path);
+        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), mine, v.values(),
+                                      codec_, device_, options_.chunk_bytes);
+      } else if (!mine.empty() || !v.values().empty()) {
+        throw error(error_kind::invalid_argument, "the shard policy gives rank " + std::to_string(comm.rank()) +
+                                                      " tensors to write but no file to write them to");
+      }
+    });
+    const auto report = detail::encode_report(written);
+    auto reports = comm.gather(detail::as_bytes(report), 0);
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) commit(tag, iteration, opts.config, reports);
+    });
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) apply_retention(tag);
+    });
+  }
+
+  /// Loads a committed checkpoint into `state` (collective: every rank calls it) and returns
+  /// what was loaded. By default the tag `latest` names; see `load_options`.
+  template <class T>
+  load_result load(T& state, const load_options& opts = {}) {
+    static_assert(detail::diagnose_checkpointable<T>());
+    auto& comm = policy_.communicator();
+    // Rank 0 resolves the tag and reads metadata.json once; the others receive its bytes.
+    std::string tag, text;
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) {
+        tag = resolve_tag(opts);
+        text = read_text(tag + "/" + std::string(detail::metadata_file), detail::max_metadata_bytes);
+      }
+    });
+    broadcast_string(comm, tag);
+    broadcast_string(comm, text);
+    const std::string md_name = storage_.describe(tag + "/" + std::string(detail::metadata_file));
+    detail::metadata md;
+    load_result result;
+    detail::collective(comm, [&] {
+      md = detail::decode_metadata(text, md_name);
+      detail::validate_metadata(md, tag, md_name);
+      for (const auto& t : md.tensors) {
+        std::vector<detail::placed_chunk> placed;
+        for (const auto& c : t.chunks) placed.push_back({&c.offset, &c.shape, md.files[c.file].path});
+        detail::check_tiling(t.name, t.shape, placed, error_kind::corrupt, md_name + ": ");
+      }
+      result.tag = tag;
+      result.iteration = md.iteration;
+      result.config = md.config;
+      result.topology = md.topology;
+      if (opts.config && opts.check_config) check_config(md, *opts.config, opts.ignore_config_keys, md_name);
+      std::vector<std::string> skip = opts.skip_groups;
+      if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
+      visitor v(skip);
+      detail::visit_state(v, state);
+      restore(md, v, opts, result);
+    });
+    return result;
+  }
+
+  /// The tag `latest` names, or nothing when there is no (valid) `latest`.
+  std::optional<std::string> latest() const {
+    if (!storage_.size(std::string(detail::latest_file))) return std::nullopt;
+    return detail::decode_latest(read_text(std::string(detail::latest_file), 1024), storage_.describe("latest"));
+  }
+
+  /// The committed tags under the root, oldest iteration first.
+  std::vector<tag_info> tags() const {
+    std::vector<tag_info> out;
+    std::optional<std::string> last;
+    try {
+      last = latest();
+    } catch (const error&) {
+    }
+    for (const auto& name : storage_.list("")) {
+      if (!tag_problem(name).empty() || !committed(name)) continue;
+      try {
+        const auto key = name + "/" + std::string(detail::metadata_file);
+        const auto md = detail::decode_metadata(read_text(key, detail::max_metadata_bytes), storage_.describe(key));
+        out.push_back({name, md.iteration, last && *last == name});
+      } catch (const error&) {
+        // a damaged metadata.json is not a committed tag we can vouch for
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const tag_info& a, const tag_info& b) {
+      return a.iteration != b.iteration ? a.iteration < b.iteration : a.tag < b.tag;
+    });
+    return out;
+  }
+
+ private:
+  // --- save -----------------------------------------------------------------------------------
+
+  static void check_tensor(const std::string& name, const tensor_ref& t) {
+    if (t.data() == nullptr && t.nbytes() != 0)
+      throw error(error_kind::invalid_argument, "tensor " + detail::printable(name) + " has no data pointer");
+    if (t.shape().size() > detail::max_dims)
+      throw error(error_kind::invalid_argument, "tensor " + detail::printable(name) + " has more than 64 dimensions");
+    if (const auto& s = t.shard(); s && !s->replicated) {
+      const auto n = t.shape().size();
+      if (s->global_shape.size() != n || s->offset.size() != n)
+        throw error(error_kind::invalid_argument, "tensor " + detail::printable(name) + ": shard spec has " +
+                                                      std::to_string(s->global_shape.size()) + "-d global shape and " +
+                                                      std::to_string(s->offset.size()) + "-d offset for a " +
+                                                      std::to_string(n) + "-d tensor");
+      detail::element_count(s->global_shape, "tensor " + name);
+      for (std::size_t d = 0; d < n; ++d)
+        if (s->offset[d] > s->global_shape[d] || t.shape()[d] > s->global_shape[d] - s->offset[d])
+          throw error(error_kind::invalid_argument, "tensor " + detail::printable(name) + ": local shape " +
+                                                        detail::to_string(t.shape()) + " at offset " +
+                                                        detail::to_string(s->offset) + " exceeds the global shape " +
+                                                        detail::to_string(s->global_shape));
+    }
+  }
+
+  /// All ranks must save the same tag at the same iteration.
+  template <class Comm>
+  static void agree_on(Comm& comm, const std::string& tag, std::uint64_t iteration) {
+    if (comm.size() == 1) return;
+    const std::string mine = std::to_string(iteration) + " " + tag;
+    const auto all = comm.all_gather(detail::as_bytes(mine));
+    detail::collective(comm, [&] {
+      for (std::size_t r = 1; r < all.size(); ++r)
+        if (all[r] != all[0]) {
+          auto text = [&](std::size_t i) { return std::string(reinterpret_cast<const char*>(all[i].data()), all[i].size()); };
+          throw error(error_kind::invalid_argument, "ranks disagree on what to save: rank 0 has iteration and tag '" +
+                                                        text(0) + "', rank " + std::to_string(r) + " has '" + text(r) + "'");
+        }
+    });
+  }
+
+  bool committed(const std::string& tag) const {
+    return storage_.size(tag + "/" + std::string(detail::metadata_file)).has_value();
+  }
+
+  /// Rank 0, before any shard is written: refuse or uncommit an existing tag, and mark the
+  /// directory as ckpt's so a crashed save can be recognised and cleaned up later.
+  void prepare_tag(const std::string& tag, bool overwrite) {
+    if (committed(tag)) {
+      std::optional<std::string> last;
+      try {
+        last = latest();
+      } catch (const error&) {
+      }
+      if (last && *last == tag)
+        throw error(error_kind::invalid_argument, "tag " + detail::printable(tag) +
+                                                      " is the one 'latest' names: saving over it could lose the last "
+                                                      "good checkpoint; save under another tag");
+      if (!overwrite)
+        throw error(error_kind::invalid_argument, "tag " + detail::printable(tag) + " is already committed (set overwrite)");
+      storage_.remove(tag + "/" + std::string(detail::metadata_file));  // uncommit first, then rewrite
+    }
+    auto w = storage_.create(tag + "/" + std::string(detail::marker_file));
+    const std::string note = "written by ckpt; this tag is committed once metadata.json exists\n";
+    w.write(detail::as_bytes(note));
+    w.sync();
+    w.publish();
+  }
+
+  /// Rank 0: merge the ranks' indexes, check the tiling, write metadata.json, then latest.
+  void commit(const std::string& tag, std::uint64_t iteration, const config& cfg,
+              const std::vector<std::vector<std::byte>>& reports) {
+    detail::metadata md;
+    md.tag = tag;
+    md.iteration = iteration;
+    md.topology = policy_.topology();
+    md.config = cfg;
+    std::map<std::string, detail::tensor_meta> tensors;
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      auto rep = detail::decode_report(reports[r], static_cast<int>(r));
+      if (!rep.path) continue;
+      const auto file = static_cast<std::uint32_t>(md.files.size());
+      md.files.push_back({*rep.path, rep.index.rank, rep.size, rep.index_xxh3});
+      for (auto& c : rep.index.chunks) {
+        auto [it, fresh] = tensors.try_emplace(c.name);
+        auto& t = it->second;
+        if (fresh) {
+          t.name = c.name;
+          t.type = c.type;
+          t.shape = c.global_shape;
+        } else if (t.type != c.type || t.shape != c.global_shape) {
+          throw error(error_kind::invalid_argument,
+                      "tensor " + detail::printable(c.name) + " is saved as " + std::string(to_string(t.type)) + " " +
+                          detail::to_string(t.shape) + " by one rank and as " + std::string(to_string(c.type)) + " " +
+                          detail::to_string(c.global_shape) + " by rank " + std::to_string(r));
+        }
+        t.chunks.push_back({file, std::move(c.slice_offset), std::move(c.slice_shape), c.codec, c.file_offset,
+                            c.stored_size, c.raw_size, c.xxh3});
+      }
+      for (auto& v : rep.index.values)
+        md.values.push_back({std::move(v.name), rep.index.rank, file, v.file_offset, v.size, v.xxh3});
+    }
+    md.tensors.reserve(tensors.size());
+    for (auto& [name, t] : tensors) {
+      std::vector<detail::placed_chunk> placed;
+      placed.reserve(t.chunks.size());
+      for (const auto& c : t.chunks) placed.push_back({&c.offset, &c.shape, md.files[c.file].path});
+      detail::check_tiling(name, t.shape, placed, error_kind::invalid_argument, "cannot commit " + tag + ": ");
+      md.tensors.push_back(std::move(t));
+    }
+    write_file(tag + "/" + std::string(detail::metadata_file), detail::encode_metadata(md));  // the commit point
+    write_file(std::string(detail::latest_file), detail::encode_latest(tag));
+  }
+
+  void write_file(const std::string& key, const std::string& content) {
+    auto w = storage_.create(key);
+    w.write(detail::as_bytes(content));
+    w.sync();
+    w.publish();
+  }
+
+  /// Rank 0, after a commit: delete committed tags beyond keep_last_n (never the one `latest`
+  /// names, never directories without ckpt's marker or metadata) and leftovers of crashed saves.
+  void apply_retention(const std::string& current) {
+    std::vector<tag_info> committed_tags;
+    for (const auto& name : storage_.list("")) {
+      if (name == current || !tag_problem(name).empty()) continue;
+      if (committed(name)) continue;  // handled below, through tags()
+      if (storage_.size(name + "/" + std::string(detail::marker_file)))
+        storage_.remove_all(name);  // a save that never committed
+    }
+    if (options_.keep_last_n == 0) return;
+    auto all = tags();
+    if (all.size() <= options_.keep_last_n) return;
+    const auto doomed = all.size() - options_.keep_last_n;
+    for (std::size_t i = 0; i < doomed; ++i) {
+      if (all[i].latest || all[i].tag == current) continue;
+      storage_.remove(all[i].tag + "/" + std::string(detail::metadata_file));  // uncommit, then delete
+      storage_.remove_all(all[i].tag);
+    }
+  }
+
+  // --- load -----------------------------------------------------------------------------------
+
+  std::string read_text(const std::string& key, std::uint64_t limit) const {
+    const auto size = storage_.size(key);
+    if (!size) throw error(error_kind::not_found, "no such file: " + storage_.describe(key));
+    if (*size > limit)
+      throw error(error_kind::corrupt, storage_.describe(key) + " is " + std::to_string(*size) + " bytes, more than the " +
+                                           std::to_string(limit) + " such a file can hold");
+    std::string s(*size, '\0');
+    storage_.read(key, 0, std::as_writable_bytes(std::span(s.data(), s.size())));
+    return s;
+  }
+
+  std::string existing_tags_text() const {
+    std::vector<std::string> names;
+    for (const auto& t : tags()) names.push_back(t.tag + (t.latest ? " (latest)" : ""));
+    return names.empty() ? "there are no committed tags under " + storage_.describe("")
+                         : "committed tags: " + detail::join(names);
+  }
+
+  std::string resolve_tag(const load_options& opts) const {
+    if (opts.tag) {
+      validate_tag(*opts.tag);
+      if (!committed(*opts.tag))
+        throw error(error_kind::not_found, "no committed tag " + detail::printable(*opts.tag) + "; " + existing_tags_text());
+      return *opts.tag;
+    }
+    if (opts.iteration) {
+      const auto t = default_tag(*opts.iteration);
+      if (committed(t)) return t;
+      for (const auto& info : tags())
+        if (info.iteration == *opts.iteration) return info.tag;
+      throw error(error_kind::not_found,
+                  "no committed tag for iteration " + std::to_string(*opts.iteration) + "; " + existing_tags_text());
+    }
+    const auto last = latest();
+    if (!last) throw error(error_kind::not_found, "no checkpoint to load: " + storage_.describe("latest") + " does not exist");
+    if (!committed(*last))
+      throw error(error_kind::not_found, storage_.describe("latest") + " names " + detail::printable(*last) +
+                                             ", which is not committed (no metadata.json); " + existing_tags_text());
+    return *last;
+  }
+
+  template <class Comm>
+  static void broadcast_string(Comm& comm, std::string& s) {
+    if (comm.size() == 1) return;
+    std::vector<std::byte> b(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+    comm.broadcast(b, 0);
+    s.assign(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+
+  static void check_config(const detail::metadata& md, const config& live, const std::vector<std::string>& ignore,
+                           const std::string& md_name) {
+    std::set<std::string> keys;
+    for (const auto& [k, _] : md.config.entries()) keys.insert(k);
+    for (const auto& [k, _] : live.entries()) keys.insert(k);
+    std::string diffs;
+    for (const auto& k : keys) {
+      if (std::find(ignore.begin(), ignore.end(), k) != ignore.end()) continue;
+      const auto* a = md.config.find(k);
+      const auto* b = live.find(k);
+      if (a && b && *a == *b) continue;
+      diffs += (diffs.empty() ? "" : "; ") + k + " saved " + (a ? *a : std::string("(absent)")) + ", current " +
+               (b ? *b : std::string("(absent)"));
+    }
+    if (!diffs.empty()) throw error(error_kind::mismatch, "config mismatch in " + md_name + ": " + diffs);
+  }
+
+  /// Reads the chunks that overlap the live tensors, verifies them, and restores values.
+  void restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
+    auto& comm = policy_.communicator();
+    const std::string tag_dir = md.tag + "/";
+    std::unordered_map<std::string_view, const detail::tensor_meta*> stored;
+    for (const auto& t : md.tensors) stored.emplace(t.name, &t);
+    std::unordered_map<std::string_view, std::vector<const detail::value_meta*>> stored_values;
+    for (const auto& val : md.values) stored_values[val.name].push_back(&val);
+
+    // Match names both ways before touching any byte.
+    std::set<std::string_view> live;
+    for (const auto& t : v.tensors()) {
+      live.insert(t.name);
+      if (!stored.count(t.name)) result.missing.push_back(t.name);
+    }
+    for (const auto& val : v.values()) {
+      live.insert(val.name);
+      if (!stored_values.count(val.name)) result.missing.push_back(val.name);
+    }
+    auto classify = [&](const std::string& name) {
+      if (name.starts_with("__ckpt") || live.count(name)) return;
+      if (v.in_skipped_group(name)) {
+        if (std::find(result.skipped.begin(), result.skipped.end(), name) == result.skipped.end()) result.skipped.push_back(name);
+      } else if (std::find(result.unexpected.begin(), result.unexpected.end(), name) == result.unexpected.end()) {
+        result.unexpected.push_back(name);
+      }
+    };
+    for (const auto& t : md.tensors) classify(t.name);
+    for (const auto& val : md.values) classify(val.name);
+    const std::string md_name = storage_.describe(tag_dir + std::string(detail::metadata_file));
+    if (opts.strict && (!result.missing.empty() || !result.unexpected.empty())) {
+      std::string msg = "checkpoint " + md.tag + " does not match the live state";
+      if (!result.missing.empty()) msg += "; missing from the checkpoint: " + detail::join(result.missing);
+      if (!result.unexpected.empty()) msg += "; in the checkpoint but not in the live state: " + detail::join(result.unexpected);
+      throw error(error_kind::mismatch, msg + " (" + md_name + ")");
+    }
+    for (const auto& t : v.tensors()) {
+      auto it = stored.find(t.name);
+      if (it == stored.end()) continue;
+      const auto& s = *it->second;
+      if (s.type != t.ref.type() || s.shape != t.ref.global_shape())
+        throw error(error_kind::mismatch, "tensor " + detail::printable(t.name) + ": saved " + std::string(to_string(s.type)) +
+                                              " " + detail::to_string(s.shape) + ", live " +
+                                              std::string(to_string(t.ref.type())) + " " +
+                                              detail::to_string(t.ref.global_shape()) + " (" + md_name + ")");
+      if (!t.ref.writable())
+        throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) + " is read-only and cannot be loaded into");
+      if (!device_.accepts(t.ref.where()))
+        throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) + " lives on a device the DevicePolicy does not handle");
+    }
+
+    std::set<std::uint32_t> verified_files;
+    auto verify_file = [&](std::uint32_t f) {
+      if (!verified_files.insert(f).second) return;
+      const auto& fm = md.files[f];
+      detail::verify_shard_file(storage_, tag_dir + fm.path, fm.size, fm.index_xxh3);
+      result.bytes_read += detail::header_used + detail::trailer_bytes;
+    };
+
+    std::vector<std::byte> buffer, decoded;
+    for (const auto& t : v.tensors()) {
+      auto it = stored.find(t.name);
+      if (it == stored.end()) continue;
+      load_tensor(*it->second, t.name, t.ref, md, tag_dir, verify_file, buffer, decoded, result, device_);
+    }
+
+    if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
+
+    // Values last: they are small, and restoring them only after every tensor verified keeps
+    // iteration counters and RNGs consistent with the weights.
+    const auto my_rank = static_cast<std::uint32_t>(comm.rank());
+    for (const auto& val : v.values()) {
+      auto it = stored_values.find(val.name);
+      if (it == stored_values.end()) continue;
+      const detail::value_meta* pick = nullptr;
+      for (const auto* m : it->second)
+        if (m->rank == my_rank) pick = m;
+      if (!pick && md.topology.world == 1 && it->second.size() == 1) pick = it->second.front();
+      if (!pick)
+        throw error(error_kind::mismatch, "value " + detail::printable(val.name) + " was not saved by rank " +
+                                              std::to_string(my_rank) + " (" + md_name + ")");
+      verify_file(pick->file);
+      const auto key = tag_dir + md.files[pick->file].path;
+      std::vector<std::byte> bytes(pick->size);
+      storage_.read(key, pick->file_offset, bytes);
+      result.bytes_read += bytes.size();
+      if (detail::xxh3(bytes) != pick->xxh3)
+        throw error(error_kind::corrupt, storage_.describe(key) + ": checksum mismatch in value " + detail::printable(val.name));
+      val.load(bytes, "value " + detail::printable(val.name) + " in " + storage_.describe(key));
+    }
+  }
+
+  /// Fills `ref` (a slice of the stored tensor `s`) from the overlapping chunks, through `dev`.
+  template <class Dev, class Verify>
+  void load_tensor(const detail::tensor_meta& s, const std::string& name, const tensor_ref& ref, const detail::metadata& md,
+                   const std::string& tag_dir, Verify& verify_file, std::vector<std::byte>& buffer,
+                   std::vector<std::byte>& decoded, load_result& result, Dev& dev) {
+    const auto elem = size_of(s.type);
+    const auto dst_off = ref.global_offset();
+    const detail::region dst{dst_off, ref.shape()};
+    std::uint64_t filled = 0;
+    for (const auto& c : s.chunks) {
+      const detail::region src{c.offset, c.shape};
+      if (ref.nbytes() == 0) break;
+      if (!c.shape.empty() && !detail::overlaps(src, dst)) continue;
+      verify_file(c.file);
+      const auto key = tag_dir + md.files[c.file].path;
+      const auto where = [&] { return storage_.describe(key) + ", tensor " + detail::printable(name); };
+      // Raw chunk wholly inside a host tensor as one contiguous run: read it in place.
+      if constexpr (detail::has_host_view<Dev>) {
+        if (c.codec == 0 && c.stored_size == c.raw_size) {
+          std::uint64_t runs = 0, at = 0, bytes = 0;
+          detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t n) {
+            ++runs;
+            at = d;
+            bytes = n;
+          });
+          if (runs == 1 && bytes == c.raw_size) {
+            std::span<std::byte> target(dev.host_view(ref) + at, bytes);
+            storage_.read(key, c.file_offset, target);
+            result.bytes_read += bytes;
+            if (detail::xxh3(target) != c.xxh3)
+              throw error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset));
+            filled += bytes;
+            continue;
+          }
+        }
+      }
+      buffer.resize(c.stored_size);
+      storage_.read(key, c.file_offset, buffer);
+      result.bytes_read += buffer.size();
+      if (detail::xxh3(buffer) != c.xxh3)
+        throw error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset));
+      std::span<const std::byte> plain = buffer;
+      if (c.codec != 0) {
+        decoded.resize(c.raw_size);
+        decode_chunk(c.codec, buffer, s.type, decoded, where());
+        plain = decoded;
+      } else if (c.stored_size != c.raw_size) {
+        throw error(error_kind::corrupt, where() + ": raw chunk of " + std::to_string(c.stored_size) + " bytes, expected " +
+                                             std::to_string(c.raw_size));
+      }
+      filled += detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t from, std::uint64_t n) {
+        dev.from_host(plain.subspan(from, n), ref, d);
+      });
+    }
+    if (filled != ref.nbytes())
+      throw error(error_kind::corrupt, "tensor " + detail::printable(name) + ": the checkpoint covers " + std::to_string(filled) +
+                                           " of its " + std::to_string(ref.nbytes()) + " bytes");
+  }
+
+  void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
+                    const std::string& where) const {
+    try {
+      if (id == raw::id) {
+        raw{}.decode(in, t, out);
+      } else if (id == Enc::id) {
+        codec_.decode(in, t, out);
+      } else {
+        throw error(error_kind::corrupt, "unknown codec id " + std::to_string(id));
+      }
+    } catch (const error& e) {
+      throw error(e.kind(), where + ": " + e.what());
+    }
+  }
+
+  template <class Verify>
+  void check_validation(const detail::metadata& md, const tensor_ref& live, const load_options& opts,
+                        const std::string& tag_dir, Verify& verify_file, load_result& result) {
+    const detail::tensor_meta* s = nullptr;
+    for (const auto& t : md.tensors)
+      if (t.name == detail::validation_name) s = &t;
+    if (!s) throw error(error_kind::not_found, "checkpoint " + md.tag + " holds no validation logits (save them with save_options::validation_logits)");
+    if (!is_floating(live.type()) || live.where().type != device::kind::host)
+      throw error(error_kind::invalid_argument, "validation logits must be a floating-point host tensor");
+    if (s->shape != live.shape())
+      throw error(error_kind::mismatch, "validation logits: saved shape " + detail::to_string(s->shape) + ", current " +
+                                            detail::to_string(live.shape()));
+    std::vector<std::byte> saved(detail::element_count(s->shape, "validation logits") * size_of(s->type));
+    tensor_ref saved_ref(s->type, s->shape, saved.data());
+    std::vector<std::byte> buffer, decoded;
+    host_copy host;
+    load_tensor(*s, "validation logits", saved_ref, md, tag_dir, verify_file, buffer, decoded, result, host);
+    const auto n = live.numel();
+    std::uint64_t bad = 0, worst = 0;
+    double worst_diff = 0;  // over the failing elements; NaN counts as infinitely far
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const double a = element_as_double(saved.data(), s->type, i);
+      const double b = element_as_double(live.data(), live.type(), i);
+      const double diff = std::fabs(a - b);
+      if (diff <= opts.atol + opts.rtol * std::fabs(a)) continue;  // like torch.allclose; false for NaN
+      const double key = std::isnan(diff) ? HUGE_VAL : diff;
+      if (bad++ == 0 || key > worst_diff) {
+        worst_diff = key;
+        worst = i;
+      }
+    }
+    if (bad) {
+      std::ostringstream msg;
+      msg.precision(9);
+      msg << "validation logits differ from those saved with " << md.tag << ": " << bad << " of " << n
+          << " elements outside rtol=" << opts.rtol << " atol=" << opts.atol << "; max abs difference " << worst_diff
+          << " at " << detail::index_string(worst, live.shape()) << " (saved "
+          << element_as_double(saved.data(), s->type, worst) << ", now " << element_as_double(live.data(), live.type(), worst)
+          << ")";
+      throw error(error_kind::mismatch, msg.str());
+    }
+  }
+
+  Policy policy_;
+  Store storage_;
+  checkpointer_options options_;
+  Enc codec_;
+  Device device_;
+};
+
+}  // namespace ckpt

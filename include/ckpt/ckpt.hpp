@@ -1,0 +1,39 @@
+#pragma once
+/// @file ckpt.hpp
+/// The umbrella header: everything a single-process, host-memory user needs. It never
+/// includes MPI, CUDA, NCCL or libcurl; those back ends have headers of their own.
+///
+/// @code
+/// #include <ckpt/ckpt.hpp>
+///
+/// struct model {
+///   std::vector<float> w = std::vector<float>(1024);
+///   std::mt19937 rng;
+///   template <class V> void checkpoint(V& v) { v.tensor("w", w); v.value("rng", rng); }
+/// };
+///
+/// int main() {
+///   model m;
+///   ckpt::checkpointer cp{ckpt::single_process{}, ckpt::posix{"/tmp/run"}};
+///   cp.save(100, m);
+///   auto r = cp.load(m);  // r.iteration == 100
+/// }
+/// @endcode
+
+#include "checkpointer.hpp"
+#include "concepts.hpp"
+#include "config.hpp"
+#include "dtype.hpp"
+#include "error.hpp"
+#include "host_copy.hpp"
+#include "local.hpp"
+#include "memory_storage.hpp"
+#include "names.hpp"
+#include "options.hpp"
+#include "posix.hpp"
+#include "raw.hpp"
+#include "single_process.hpp"
+#include "tensor.hpp"
+#include "topology.hpp"
+#include "version.hpp"
+#include "visitor.hpp"

@@ -1,0 +1,335 @@
+#pragma once
+/// @file concepts.hpp
+/// The six concepts through which a user composes ckpt: what the state is (`Checkpointable`),
+/// who writes what (`ShardPolicy`, over a `Communicator`), how bytes reach the host
+/// (`DevicePolicy`), how they are encoded (`Codec`) and where they go (`Storage`).
+///
+/// Every concept here has a `diagnose_*` companion used in `static_assert`s: when a type does
+/// not satisfy a concept, the requirements are re-checked one by one and the first one missing
+/// fires an assertion whose message says what to add, in code.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "dtype.hpp"
+#include "tensor.hpp"
+#include "topology.hpp"
+#include "visitor.hpp"
+
+namespace ckpt {
+
+namespace detail {
+template <class...>
+inline constexpr bool always_false = false;
+
+template <class T>
+concept has_checkpoint_traits = !requires { checkpoint_traits<T>::ckpt_primary_template; };
+template <class T>
+concept traits_checkpointable = has_checkpoint_traits<T> && requires(visitor& v, T& x) {
+  checkpoint_traits<T>::checkpoint(v, x);
+};
+template <class T>
+concept member_checkpointable = requires(visitor& v, T& x) { access::checkpoint(x, v); };
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Checkpointable
+// ---------------------------------------------------------------------------------------------
+
+/// A type ckpt can save and load. The priority order, fixed and never ambiguous:
+///  1. a `ckpt::checkpoint_traits<T>` specialisation with `static void checkpoint(visitor&, T&)`;
+///  2. a member `template <class V> void checkpoint(V& v)` (private is fine with
+///     `friend class ckpt::access`).
+///
+/// @code
+/// struct mlp {
+///   std::vector<float> w1, w2;
+///   template <class V> void checkpoint(V& v) { v.tensor("w1", w1); v.tensor("w2", w2); }
+/// };
+/// static_assert(ckpt::Checkpointable<mlp>);
+/// @endcode
+template <class T>
+concept Checkpointable = detail::traits_checkpointable<T> || detail::member_checkpointable<T>;
+
+namespace detail {
+template <class T>
+constexpr bool diagnose_checkpointable() {
+  if constexpr (has_checkpoint_traits<T>) {
+    static_assert(traits_checkpointable<T>,
+                  "ckpt: checkpoint_traits<T> is specialised for this type but has no "
+                  "`static void checkpoint(ckpt::visitor& v, T& x)`");
+  } else {
+    static_assert(member_checkpointable<T>,
+                  "ckpt: this type is not Checkpointable. Add a member "
+                  "`template <class V> void checkpoint(V& v) { v.tensor(\"name\", data); v.value(\"step\", step); }` "
+                  "or specialise ckpt::checkpoint_traits<T> with `static void checkpoint(ckpt::visitor&, T&)`");
+  }
+  return true;
+}
+
+template <class T>
+void visit_state(visitor& v, T& state) {
+  static_assert(diagnose_checkpointable<std::remove_const_t<T>>());
+  auto& s = const_cast<std::remove_const_t<T>&>(state);
+  if constexpr (traits_checkpointable<std::remove_const_t<T>>)
+    checkpoint_traits<std::remove_const_t<T>>::checkpoint(v, s);
+  else
+    access::checkpoint(s, v);
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Storage
+// ---------------------------------------------------------------------------------------------
+
+/// The handle `Storage::create` returns: bytes go in with `write`, become durable under a
+/// temporary name with `sync`, and appear under their final name, atomically, with `publish`.
+/// Destroying a writer that was not published discards what it wrote.
+template <class W>
+concept StorageWriter = std::movable<W> && requires(W& w, std::span<const std::byte> bytes) {
+  w.write(bytes);
+  w.sync();
+  w.publish();
+};
+
+/// Where checkpoint bytes live. Keys are '/'-separated paths relative to the storage root
+/// ("global_step200/metadata.json").
+///
+/// @code
+/// struct my_store {
+///   struct writer { void write(std::span<const std::byte>); void sync(); void publish(); };
+///   writer create(std::string_view key);
+///   void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const;
+///   std::optional<std::uint64_t> size(std::string_view key) const;      // nullopt: no such key
+///   std::vector<std::string> list(std::string_view prefix) const;       // immediate children
+///   void remove(std::string_view key);
+///   void remove_all(std::string_view prefix);
+///   std::string describe(std::string_view key) const;                   // for messages
+/// };
+/// static_assert(ckpt::Storage<my_store>);
+/// @endcode
+template <class S>
+concept Storage = requires(S& s, const S& cs, std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
+  { s.create(key) } -> StorageWriter;
+  cs.read(key, offset, out);
+  { cs.size(key) } -> std::same_as<std::optional<std::uint64_t>>;
+  { cs.list(key) } -> std::same_as<std::vector<std::string>>;
+  s.remove(key);
+  s.remove_all(key);
+  { cs.describe(key) } -> std::convertible_to<std::string>;
+};
+
+namespace detail {
+template <class S>
+constexpr bool diagnose_storage() {
+  if constexpr (!requires(S& s, std::string_view k) { s.create(k); }) {
+    static_assert(always_false<S>, "ckpt: Storage needs `writer create(std::string_view key)`");
+  } else if constexpr (!StorageWriter<decltype(std::declval<S&>().create(std::string_view{}))>) {
+    static_assert(always_false<S>,
+                  "ckpt: the writer returned by Storage::create needs `void write(std::span<const std::byte>)`, "
+                  "`void sync()` and `void publish()`, and must be movable");
+  } else if constexpr (!requires(const S& s, std::string_view k, std::uint64_t o, std::span<std::byte> out) { s.read(k, o, out); }) {
+    static_assert(always_false<S>,
+                  "ckpt: Storage needs `void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const`");
+  } else if constexpr (!requires(const S& s, std::string_view k) { { s.size(k) } -> std::same_as<std::optional<std::uint64_t>>; }) {
+    static_assert(always_false<S>, "ckpt: Storage needs `std::optional<std::uint64_t> size(std::string_view key) const`");
+  } else if constexpr (!requires(const S& s, std::string_view k) { { s.list(k) } -> std::same_as<std::vector<std::string>>; }) {
+    static_assert(always_false<S>, "ckpt: Storage needs `std::vector<std::string> list(std::string_view prefix) const`");
+  } else if constexpr (!requires(S& s, std::string_view k) { s.remove(k); s.remove_all(k); }) {
+    static_assert(always_false<S>,
+                  "ckpt: Storage needs `void remove(std::string_view key)` and `void remove_all(std::string_view prefix)`");
+  } else {
+    static_assert(Storage<S>, "ckpt: Storage needs `std::string describe(std::string_view key) const`");
+  }
+  return true;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Codec
+// ---------------------------------------------------------------------------------------------
+
+/// How a chunk's bytes are stored. `id` is written to disk: 0 raw, 1 zstd, 2 zstd_bytegroup are
+/// ckpt's; user codecs take ids from 128 up.
+///
+/// @code
+/// struct my_codec {
+///   static constexpr std::uint8_t id = 130;
+///   std::size_t max_encoded_size(std::size_t raw_bytes) const;
+///   std::size_t encode(std::span<const std::byte> in, ckpt::dtype t, std::span<std::byte> out) const;
+///   void decode(std::span<const std::byte> in, ckpt::dtype t, std::span<std::byte> out) const;  // out: raw size
+/// };
+/// @endcode
+template <class C>
+concept Codec = requires(const C& c, std::span<const std::byte> in, std::span<std::byte> out, dtype t, std::size_t n) {
+  { C::id } -> std::convertible_to<std::uint8_t>;
+  { c.max_encoded_size(n) } -> std::convertible_to<std::size_t>;
+  { c.encode(in, t, out) } -> std::convertible_to<std::size_t>;
+  c.decode(in, t, out);
+};
+
+namespace detail {
+template <class C>
+constexpr bool diagnose_codec() {
+  if constexpr (!requires { { C::id } -> std::convertible_to<std::uint8_t>; }) {
+    static_assert(always_false<C>, "ckpt: a Codec needs `static constexpr std::uint8_t id` (user codecs: 128 and up)");
+  } else if constexpr (!requires(const C& c, std::size_t n) { { c.max_encoded_size(n) } -> std::convertible_to<std::size_t>; }) {
+    static_assert(always_false<C>, "ckpt: a Codec needs `std::size_t max_encoded_size(std::size_t raw_bytes) const`");
+  } else if constexpr (!requires(const C& c, std::span<const std::byte> in, std::span<std::byte> out, dtype t) { { c.encode(in, t, out) } -> std::convertible_to<std::size_t>; }) {
+    static_assert(always_false<C>,
+                  "ckpt: a Codec needs `std::size_t encode(std::span<const std::byte> in, ckpt::dtype, std::span<std::byte> out) const`");
+  } else {
+    static_assert(Codec<C>,
+                  "ckpt: a Codec needs `void decode(std::span<const std::byte> in, ckpt::dtype, std::span<std::byte> out) const`");
+  }
+  return true;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// DevicePolicy
+// ---------------------------------------------------------------------------------------------
+
+/// How tensor bytes travel between where they live and host memory. `host_copy` handles host
+/// tensors; `ckpt::cuda::device_copy` handles GPU tensors.
+///
+/// @code
+/// struct my_device {
+///   bool accepts(ckpt::device d) const;
+///   // copy bytes [offset, offset + dst.size()) of t into host memory
+///   void to_host(const ckpt::tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst);
+///   // copy host bytes into t at byte offset `offset`
+///   void from_host(std::span<const std::byte> src, const ckpt::tensor_ref& t, std::uint64_t offset);
+/// };
+/// @endcode
+template <class D>
+concept DevicePolicy = requires(D& d, const D& cd, const tensor_ref& t, std::uint64_t off, std::span<std::byte> dst,
+                                std::span<const std::byte> src, device where) {
+  { cd.accepts(where) } -> std::convertible_to<bool>;
+  d.to_host(t, off, dst);
+  d.from_host(src, t, off);
+};
+
+namespace detail {
+template <class D>
+constexpr bool diagnose_device_policy() {
+  if constexpr (!requires(const D& d, device w) { { d.accepts(w) } -> std::convertible_to<bool>; }) {
+    static_assert(always_false<D>, "ckpt: a DevicePolicy needs `bool accepts(ckpt::device) const`");
+  } else if constexpr (!requires(D& d, const tensor_ref& t, std::uint64_t o, std::span<std::byte> dst) { d.to_host(t, o, dst); }) {
+    static_assert(always_false<D>,
+                  "ckpt: a DevicePolicy needs `void to_host(const ckpt::tensor_ref&, std::uint64_t offset, std::span<std::byte> dst)`");
+  } else {
+    static_assert(DevicePolicy<D>,
+                  "ckpt: a DevicePolicy needs `void from_host(std::span<const std::byte> src, const ckpt::tensor_ref&, std::uint64_t offset)`");
+  }
+  return true;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Communicator
+// ---------------------------------------------------------------------------------------------
+
+/// Collective operations between the ranks of a job; ShardPolicies agree and commit through it.
+/// Every call is collective: all ranks make it, in the same order.
+///
+/// @code
+/// struct my_comm {
+///   int rank() const; int size() const;
+///   void barrier();
+///   void broadcast(std::vector<std::byte>& bytes, int root);              // resized on receivers
+///   std::vector<std::vector<std::byte>> all_gather(std::span<const std::byte> mine);
+///   std::vector<std::vector<std::byte>> gather(std::span<const std::byte> mine, int root);  // empty off root
+///   std::uint64_t all_reduce_max(std::uint64_t x);
+/// };
+/// @endcode
+template <class C>
+concept Communicator = requires(C& c, const C& cc, std::vector<std::byte>& buf, std::span<const std::byte> mine,
+                                std::uint64_t x, int root) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.barrier();
+  c.broadcast(buf, root);
+  { c.all_gather(mine) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+  { c.gather(mine, root) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+  { c.all_reduce_max(x) } -> std::convertible_to<std::uint64_t>;
+};
+
+namespace detail {
+template <class C>
+constexpr bool diagnose_communicator() {
+  if constexpr (!requires(const C& c) { { c.rank() } -> std::convertible_to<int>; { c.size() } -> std::convertible_to<int>; }) {
+    static_assert(always_false<C>, "ckpt: a Communicator needs `int rank() const` and `int size() const`");
+  } else if constexpr (!requires(C& c) { c.barrier(); }) {
+    static_assert(always_false<C>, "ckpt: a Communicator needs `void barrier()`");
+  } else if constexpr (!requires(C& c, std::vector<std::byte>& b, int r) { c.broadcast(b, r); }) {
+    static_assert(always_false<C>, "ckpt: a Communicator needs `void broadcast(std::vector<std::byte>&, int root)`");
+  } else if constexpr (!requires(C& c, std::span<const std::byte> m) { { c.all_gather(m) } -> std::same_as<std::vector<std::vector<std::byte>>>; }) {
+    static_assert(always_false<C>,
+                  "ckpt: a Communicator needs `std::vector<std::vector<std::byte>> all_gather(std::span<const std::byte>)`");
+  } else if constexpr (!requires(C& c, std::span<const std::byte> m, int r) { { c.gather(m, r) } -> std::same_as<std::vector<std::vector<std::byte>>>; }) {
+    static_assert(always_false<C>,
+                  "ckpt: a Communicator needs `std::vector<std::vector<std::byte>> gather(std::span<const std::byte>, int root)`");
+  } else {
+    static_assert(Communicator<C>, "ckpt: a Communicator needs `std::uint64_t all_reduce_max(std::uint64_t)`");
+  }
+  return true;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// ShardPolicy
+// ---------------------------------------------------------------------------------------------
+
+/// Who writes what: the topology recorded in metadata, the file this rank writes (if any), and
+/// whether this rank stores a given tensor's bytes (replicas are written once).
+///
+/// @code
+/// struct my_policy {
+///   using communicator_type = ckpt::local;
+///   communicator_type& communicator();
+///   ckpt::topology topology() const;
+///   std::optional<std::string> shard_file() const;                 // relative to the tag
+///   bool writes(std::string_view name, const ckpt::tensor_ref& t) const;
+/// };
+/// @endcode
+template <class P>
+concept ShardPolicy = requires(P& p, const P& cp, std::string_view name, const tensor_ref& t) {
+  typename P::communicator_type;
+  requires Communicator<typename P::communicator_type>;
+  { p.communicator() } -> std::same_as<typename P::communicator_type&>;
+  { cp.topology() } -> std::same_as<topology>;
+  { cp.shard_file() } -> std::same_as<std::optional<std::string>>;
+  { cp.writes(name, t) } -> std::convertible_to<bool>;
+};
+
+namespace detail {
+template <class P>
+constexpr bool diagnose_shard_policy() {
+  if constexpr (!requires { typename P::communicator_type; }) {
+    static_assert(always_false<P>, "ckpt: a ShardPolicy needs `using communicator_type = ...;` (ckpt::local for one process)");
+  } else {
+    static_assert(diagnose_communicator<typename P::communicator_type>());
+    if constexpr (!requires(P& p) { { p.communicator() } -> std::same_as<typename P::communicator_type&>; }) {
+      static_assert(always_false<P>, "ckpt: a ShardPolicy needs `communicator_type& communicator()`");
+    } else if constexpr (!requires(const P& p) { { p.topology() } -> std::same_as<topology>; }) {
+      static_assert(always_false<P>, "ckpt: a ShardPolicy needs `ckpt::topology topology() const`");
+    } else if constexpr (!requires(const P& p) { { p.shard_file() } -> std::same_as<std::optional<std::string>>; }) {
+      static_assert(always_false<P>, "ckpt: a ShardPolicy needs `std::optional<std::string> shard_file() const`");
+    } else {
+      static_assert(ShardPolicy<P>,
+                    "ckpt: a ShardPolicy needs `bool writes(std::string_view name, const ckpt::tensor_ref&) const`");
+    }
+  }
+  return true;
+}
+}  // namespace detail
+
+}  // namespace ckpt

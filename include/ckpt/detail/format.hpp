@@ -1,0 +1,237 @@
+#pragma once
+// Format v1 records (docs/format.md is the normative description): what a shard file's footer
+// index holds, and the bounded parsing that keeps a corrupt or hostile index from causing huge
+// allocations.
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/cereal.hpp>
+
+#include "../dtype.hpp"
+#include "../error.hpp"
+#include "../tensor.hpp"
+#include "hash.hpp"
+#include "span_stream.hpp"
+
+namespace ckpt::detail {
+
+inline constexpr std::uint32_t format_version = 1;
+inline constexpr std::uint64_t alignment = 4096;         // chunks start on 4 KiB boundaries
+inline constexpr std::uint64_t header_bytes = 4096;      // the header block, zero padded
+inline constexpr std::array<char, 8> header_magic = {'C', 'K', 'P', 'T', 'S', 'H', 'R', 'D'};
+inline constexpr std::array<char, 8> trailer_magic = {'C', 'K', 'P', 'T', 'I', 'N', 'D', 'X'};
+inline constexpr std::uint64_t header_used = 24;         // magic, version, flags, checksum
+inline constexpr std::uint64_t trailer_bytes = 40;
+inline constexpr std::size_t max_dims = 64;
+
+inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }
+
+/// One stored chunk: a hyperrectangle of one tensor, and where its bytes are.
+struct chunk_record {
+  std::string name;
+  dtype type = dtype::f32;
+  shape_t global_shape;
+  shape_t slice_offset;  // where the chunk starts in the global tensor
+  shape_t slice_shape;   // extent of the chunk
+  std::uint8_t codec = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t stored_size = 0;
+  std::uint64_t raw_size = 0;
+  std::uint64_t xxh3 = 0;
+};
+
+/// One per-rank value (cereal portable binary, or text for <random> types).
+struct value_record {
+  std::string name;
+  std::uint64_t file_offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t xxh3 = 0;
+};
+
+/// The footer index of one shard file.
+struct shard_index {
+  std::uint32_t rank = 0;
+  std::vector<chunk_record> chunks;
+  std::vector<value_record> values;
+};
+
+// --- bounded cereal (de)serialisation ----------------------------------------------------------
+// Counts and lengths are checked against the size of the index being parsed before anything is
+// allocated: an index of n bytes can never make ckpt allocate much more than n bytes.
+
+struct bounded_reader {
+  cereal::PortableBinaryInputArchive& ar;
+  std::uint64_t limit;  // total bytes of the encoded index
+  const std::string& file;
+
+  std::uint64_t u64() {
+    std::uint64_t v;
+    ar(v);
+    return v;
+  }
+  std::uint64_t count(std::uint64_t min_bytes_each, const char* what) {
+    const auto n = u64();
+    if (n > limit / (min_bytes_each ? min_bytes_each : 1))
+      throw error(error_kind::corrupt, "corrupt index in " + file + ": " + what + " count " + std::to_string(n) +
+                                           " cannot fit in " + std::to_string(limit) + " bytes");
+    return n;
+  }
+  std::string string() {
+    const auto n = count(1, "string length");
+    std::string s(n, '\0');
+    ar(cereal::binary_data(s.data(), n));
+    return s;
+  }
+  shape_t shape() {
+    const auto n = u64();
+    if (n > max_dims)
+      throw error(error_kind::corrupt, "corrupt index in " + file + ": " + std::to_string(n) + " dimensions");
+    shape_t s(n);
+    for (auto& e : s) e = u64();
+    return s;
+  }
+};
+
+inline void write_shape(cereal::PortableBinaryOutputArchive& ar, const shape_t& s) {
+  ar(static_cast<std::uint64_t>(s.size()));
+  for (auto e : s) ar(e);
+}
+inline void write_string(cereal::PortableBinaryOutputArchive& ar, const std::string& s) {
+  ar(static_cast<std::uint64_t>(s.size()));
+  ar(cereal::binary_data(s.data(), s.size()));
+}
+
+/// Encodes an index as cereal portable binary (layout in docs/format.md).
+inline std::string encode_index(const shard_index& idx) {
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(format_version, idx.rank);
+    ar(static_cast<std::uint64_t>(idx.chunks.size()));
+    for (const auto& c : idx.chunks) {
+      write_string(ar, c.name);
+      ar(static_cast<std::uint8_t>(c.type));
+      write_shape(ar, c.global_shape);
+      write_shape(ar, c.slice_offset);
+      write_shape(ar, c.slice_shape);
+      ar(c.codec, c.file_offset, c.stored_size, c.raw_size, c.xxh3);
+    }
+    ar(static_cast<std::uint64_t>(idx.values.size()));
+    for (const auto& v : idx.values) {
+      write_string(ar, v.name);
+      ar(v.file_offset, v.size, v.xxh3);
+    }
+  }
+  return std::move(os).str();
+}
+
+/// Parses an index; every malformed input is a `corrupt` error naming `file`.
+inline shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
+  span_streambuf buf(bytes);
+  std::istream is(&buf);
+  shard_index idx;
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    bounded_reader r{ar, bytes.size(), file};
+    std::uint32_t version;
+    ar(version, idx.rank);
+    if (version != format_version)
+      throw error(error_kind::corrupt, "index of " + file + " has format version " + std::to_string(version) +
+                                           ", this ckpt reads version " + std::to_string(format_version));
+    idx.chunks.resize(r.count(40, "chunk"));
+    for (auto& c : idx.chunks) {
+      c.name = r.string();
+      std::uint8_t t;
+      ar(t);
+      const auto dt = dtype_from_id(t);
+      if (!dt) throw error(error_kind::corrupt, "index of " + file + ": unknown dtype id " + std::to_string(t) + " for tensor " + c.name);
+      c.type = *dt;
+      c.global_shape = r.shape();
+      c.slice_offset = r.shape();
+      c.slice_shape = r.shape();
+      ar(c.codec, c.file_offset, c.stored_size, c.raw_size, c.xxh3);
+    }
+    idx.values.resize(r.count(32, "value"));
+    for (auto& v : idx.values) {
+      v.name = r.string();
+      ar(v.file_offset, v.size, v.xxh3);
+    }
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + e.what());
+  }
+  if (buf.remaining() != 0)
+    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + std::to_string(buf.remaining()) + " stray bytes at its end");
+  return idx;
+}
+
+// --- header and trailer ---------------------------------------------------------------------------
+
+inline void put_u32(std::byte* p, std::uint32_t v) { std::memcpy(p, &v, 4); }
+inline void put_u64(std::byte* p, std::uint64_t v) { std::memcpy(p, &v, 8); }
+inline std::uint32_t get_u32(const std::byte* p) { std::uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline std::uint64_t get_u64(const std::byte* p) { std::uint64_t v; std::memcpy(&v, p, 8); return v; }
+
+/// The 24 meaningful bytes of the header block: magic, version, flags (0), XXH3 of the first 16.
+inline std::array<std::byte, header_used> make_header() {
+  std::array<std::byte, header_used> h{};
+  std::memcpy(h.data(), header_magic.data(), 8);
+  put_u32(h.data() + 8, format_version);
+  put_u32(h.data() + 12, 0);
+  put_u64(h.data() + 16, xxh3(std::span<const std::byte>(h.data(), 16)));
+  return h;
+}
+
+inline void check_header(std::span<const std::byte, header_used> h, const std::string& file) {
+  if (std::memcmp(h.data(), header_magic.data(), 8) != 0)
+    throw error(error_kind::corrupt, file + " is not a ckpt shard file (bad magic)");
+  if (get_u64(h.data() + 16) != xxh3(std::span<const std::byte>(h.data(), 16)))
+    throw error(error_kind::corrupt, file + ": header checksum mismatch");
+  if (const auto v = get_u32(h.data() + 8); v != format_version)
+    throw error(error_kind::corrupt, file + " has format version " + std::to_string(v) + ", this ckpt reads version " +
+                                         std::to_string(format_version));
+  if (get_u32(h.data() + 12) != 0) throw error(error_kind::corrupt, file + ": unknown header flags");
+}
+
+/// The 40-byte trailer: index offset, index size, index XXH3, version, reserved (0), magic.
+struct trailer {
+  std::uint64_t index_offset = 0;
+  std::uint64_t index_size = 0;
+  std::uint64_t index_xxh3 = 0;
+};
+
+inline std::array<std::byte, trailer_bytes> make_trailer(const trailer& t) {
+  std::array<std::byte, trailer_bytes> b{};
+  put_u64(b.data(), t.index_offset);
+  put_u64(b.data() + 8, t.index_size);
+  put_u64(b.data() + 16, t.index_xxh3);
+  put_u32(b.data() + 24, format_version);
+  put_u32(b.data() + 28, 0);
+  std::memcpy(b.data() + 32, trailer_magic.data(), 8);
+  return b;
+}
+
+/// Parses and bounds-checks a trailer against the file's size.
+inline trailer check_trailer(std::span<const std::byte, trailer_bytes> b, std::uint64_t file_size, const std::string& file) {
+  if (std::memcmp(b.data() + 32, trailer_magic.data(), 8) != 0)
+    throw error(error_kind::corrupt, file + ": no index trailer at the end of the file (truncated or extended?)");
+  if (get_u32(b.data() + 24) != format_version || get_u32(b.data() + 28) != 0)
+    throw error(error_kind::corrupt, file + ": bad trailer version or flags");
+  trailer t{get_u64(b.data()), get_u64(b.data() + 8), get_u64(b.data() + 16)};
+  if (t.index_offset < header_bytes || t.index_offset > file_size || t.index_size > file_size - t.index_offset ||
+      t.index_offset + t.index_size + trailer_bytes != file_size)
+    throw error(error_kind::corrupt, file + ": trailer places the index at [" + std::to_string(t.index_offset) + ", +" +
+                                         std::to_string(t.index_size) + ") in a file of " + std::to_string(file_size) +
+                                         " bytes");
+  return t;
+}
+
+}  // namespace ckpt::detail

@@ -1,0 +1,285 @@
+#pragma once
+// metadata.json: the commit marker and the global map of a tag (docs/format.md). It is cereal
+// JSON wrapped in an envelope that carries its XXH3-64, so a flipped byte anywhere in it is
+// caught before a single field is trusted:
+//
+//   {"xxh3_64": "<16 hex digits>", "metadata": <cereal JSON document>}
+//
+// The checksum covers exactly the bytes of the inner document.
+
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include <cereal/archives/json.hpp>
+#include <cereal/cereal.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include "../config.hpp"
+#include "../dtype.hpp"
+#include "../error.hpp"
+#include "../names.hpp"
+#include "../topology.hpp"
+#include "format.hpp"
+#include "hash.hpp"
+#include "keys.hpp"
+#include "span_stream.hpp"
+
+namespace ckpt::detail {
+
+struct file_meta {
+  std::string path;  // relative to the tag directory
+  std::uint32_t rank = 0;
+  std::uint64_t size = 0;
+  std::uint64_t index_xxh3 = 0;
+
+  template <class A>
+  void save(A& ar) const {
+    ar(CEREAL_NVP(path), CEREAL_NVP(rank), CEREAL_NVP(size), cereal::make_nvp("index_xxh3", to_hex(index_xxh3)));
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string h;
+    ar(CEREAL_NVP(path), CEREAL_NVP(rank), CEREAL_NVP(size), cereal::make_nvp("index_xxh3", h));
+    if (!from_hex(h, index_xxh3)) throw error(error_kind::corrupt, "bad index_xxh3 of file " + printable(path));
+  }
+};
+
+struct chunk_meta {
+  std::uint32_t file = 0;  // index into metadata::files
+  shape_t offset;          // slice offset in the global tensor
+  shape_t shape;           // slice shape
+  std::uint8_t codec = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t stored_size = 0;
+  std::uint64_t raw_size = 0;
+  std::uint64_t xxh3 = 0;
+
+  template <class A>
+  void save(A& ar) const {
+    ar(CEREAL_NVP(file), CEREAL_NVP(offset), CEREAL_NVP(shape), cereal::make_nvp("codec", static_cast<unsigned>(codec)),
+       CEREAL_NVP(file_offset), CEREAL_NVP(stored_size), CEREAL_NVP(raw_size), cereal::make_nvp("xxh3", to_hex(xxh3)));
+  }
+  template <class A>
+  void load(A& ar) {
+    unsigned c;
+    std::string h;
+    ar(CEREAL_NVP(file), CEREAL_NVP(offset), CEREAL_NVP(shape), cereal::make_nvp("codec", c), CEREAL_NVP(file_offset),
+       CEREAL_NVP(stored_size), CEREAL_NVP(raw_size), cereal::make_nvp("xxh3", h));
+    if (c > 255) throw error(error_kind::corrupt, "codec id " + std::to_string(c) + " out of range");
+    codec = static_cast<std::uint8_t>(c);
+    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad chunk checksum text " + printable(h));
+  }
+};
+
+struct tensor_meta {
+  std::string name;
+  dtype type = dtype::f32;
+  shape_t shape;  // global shape
+  std::vector<chunk_meta> chunks;
+
+  template <class A>
+  void save(A& ar) const {
+    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", std::string(to_string(type))), CEREAL_NVP(shape), CEREAL_NVP(chunks));
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string t;
+    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", t), CEREAL_NVP(shape), CEREAL_NVP(chunks));
+    const auto dt = dtype_from_string(t);
+    if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(t) + " of tensor " + printable(name));
+    type = *dt;
+  }
+};
+
+struct value_meta {
+  std::string name;
+  std::uint32_t rank = 0;
+  std::uint32_t file = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t xxh3 = 0;
+
+  template <class A>
+  void save(A& ar) const {
+    ar(CEREAL_NVP(name), CEREAL_NVP(rank), CEREAL_NVP(file), CEREAL_NVP(file_offset), CEREAL_NVP(size),
+       cereal::make_nvp("xxh3", to_hex(xxh3)));
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string h;
+    ar(CEREAL_NVP(name), CEREAL_NVP(rank), CEREAL_NVP(file), CEREAL_NVP(file_offset), CEREAL_NVP(size),
+       cereal::make_nvp("xxh3", h));
+    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad checksum text of value " + printable(name));
+  }
+};
+
+struct metadata {
+  std::uint32_t format_version = detail::format_version;
+  std::string tag;
+  std::uint64_t iteration = 0;
+  ckpt::topology topology;
+  ckpt::config config;
+  std::vector<file_meta> files;
+  std::vector<tensor_meta> tensors;
+  std::vector<value_meta> values;
+
+  template <class A>
+  void serialize(A& ar) {
+    ar(CEREAL_NVP(format_version), CEREAL_NVP(tag), CEREAL_NVP(iteration), CEREAL_NVP(topology), CEREAL_NVP(config),
+       CEREAL_NVP(files), CEREAL_NVP(tensors), CEREAL_NVP(values));
+  }
+};
+
+inline constexpr std::string_view envelope_head = "{\"xxh3_64\": \"";
+inline constexpr std::string_view envelope_mid = "\", \"metadata\": ";
+inline constexpr std::string_view envelope_tail = "}\n";
+inline constexpr std::uint64_t max_metadata_bytes = std::uint64_t{8} << 30;
+inline constexpr int max_json_depth = 32;
+
+inline std::string encode_metadata(const metadata& md) {
+  std::ostringstream os;
+  {
+    cereal::JSONOutputArchive ar(os, cereal::JSONOutputArchive::Options::Default());
+    ar(cereal::make_nvp("ckpt", md));
+  }
+  const std::string doc = std::move(os).str();
+  std::string out;
+  out.reserve(doc.size() + 64);
+  out += envelope_head;
+  out += to_hex(xxh3(doc));
+  out += envelope_mid;
+  out += doc;
+  out += envelope_tail;
+  return out;
+}
+
+/// Rejects JSON nested deeper than `max_json_depth` before the recursive parser sees it.
+inline void check_json_depth(std::string_view doc, const std::string& file) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < doc.size(); ++i) {
+    const char c = doc[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max_json_depth) throw error(error_kind::corrupt, file + ": JSON nested too deeply");
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+}
+
+/// Checks a metadata envelope, then parses and validates the document. `file` names it in errors.
+inline metadata decode_metadata(std::string_view text, const std::string& file) {
+  const auto fail = [&](const std::string& why) -> error { return error(error_kind::corrupt, file + ": " + why); };
+  const std::size_t doc_begin = envelope_head.size() + 16 + envelope_mid.size();
+  if (text.size() < doc_begin + envelope_tail.size() || !text.starts_with(envelope_head) ||
+      text.substr(envelope_head.size() + 16, envelope_mid.size()) != envelope_mid || !text.ends_with(envelope_tail))
+    throw fail("not a ckpt metadata file (bad envelope; truncated or extended?)");
+  std::uint64_t want;
+  if (!from_hex(text.substr(envelope_head.size(), 16), want)) throw fail("bad checksum text");
+  const auto doc = text.substr(doc_begin, text.size() - doc_begin - envelope_tail.size());
+  if (xxh3(doc) != want) throw fail("checksum mismatch (stored " + to_hex(want) + ", computed " + to_hex(xxh3(doc)) + ")");
+  check_json_depth(doc, file);
+  metadata md;
+  try {
+    span_streambuf buf(std::as_bytes(std::span(doc.data(), doc.size())));
+    std::istream is(&buf);
+    cereal::JSONInputArchive ar(is);
+    ar(cereal::make_nvp("ckpt", md));
+  } catch (const error& e) {
+    throw fail(e.what());
+  } catch (const std::exception& e) {
+    throw fail(std::string("malformed JSON: ") + e.what());
+  }
+  return md;
+}
+
+/// Everything a reader must check before trusting metadata: versions, names, shapes, and that
+/// every chunk and value lies inside its file, so no later read can go astray.
+inline void validate_metadata(const metadata& md, std::string_view expected_tag, const std::string& file) {
+  const auto fail = [&](const std::string& why) { throw error(error_kind::corrupt, file + ": " + why); };
+  if (md.format_version != format_version)
+    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads version " + std::to_string(format_version));
+  if (md.tag != expected_tag) fail("records tag " + printable(md.tag) + " but lives in " + printable(expected_tag));
+  if (md.topology.world == 0 || md.topology.tp == 0 || md.topology.pp == 0 || md.topology.dp == 0)
+    fail("topology has a zero size");
+  for (const auto& f : md.files) {
+    try {
+      check_key(f.path);
+    } catch (const error& e) {
+      fail(e.what());
+    }
+    if (f.size < header_bytes + trailer_bytes) fail("file " + printable(f.path) + " recorded with " + std::to_string(f.size) + " bytes");
+  }
+  std::unordered_set<std::string_view> names;
+  for (const auto& t : md.tensors) {
+    if (!names.insert(t.name).second) fail("tensor " + printable(t.name) + " is listed twice");
+    if (t.name.starts_with("__ckpt.")) {
+      if (name_problem(t.name.substr(2)).size()) fail("invalid tensor name " + printable(t.name));
+    } else if (auto p = name_problem(t.name); !p.empty()) {
+      fail("tensor name " + printable(t.name) + " " + p);
+    }
+    if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has " + std::to_string(t.shape.size()) + " dimensions");
+    try {
+      checked_mul(element_count(t.shape, "tensor " + t.name), size_of(t.type), "tensor " + t.name);
+    } catch (const error& e) {
+      fail(e.what());
+    }
+    for (const auto& c : t.chunks) {
+      if (c.file >= md.files.size()) fail("tensor " + printable(t.name) + " has a chunk in file #" + std::to_string(c.file) + " of " + std::to_string(md.files.size()));
+      if (c.offset.size() != t.shape.size() || c.shape.size() != t.shape.size())
+        fail("tensor " + printable(t.name) + " has a chunk of the wrong rank");
+      for (std::size_t d = 0; d < t.shape.size(); ++d)
+        if (c.offset[d] > t.shape[d] || c.shape[d] > t.shape[d] - c.offset[d])
+          fail("tensor " + printable(t.name) + " has a chunk outside its shape " + to_string(t.shape));
+      if (c.raw_size != element_count(c.shape, t.name) * size_of(t.type))
+        fail("tensor " + printable(t.name) + ": chunk raw size " + std::to_string(c.raw_size) + " does not match its shape " + to_string(c.shape));
+      const auto fsize = md.files[c.file].size;
+      if (c.file_offset > fsize || c.stored_size > fsize - c.file_offset)
+        fail("tensor " + printable(t.name) + ": chunk [" + std::to_string(c.file_offset) + ", +" + std::to_string(c.stored_size) +
+             ") lies outside " + md.files[c.file].path + " (" + std::to_string(fsize) + " bytes)");
+    }
+  }
+  for (const auto& v : md.values) {
+    if (auto p = name_problem(v.name); !p.empty()) fail("value name " + printable(v.name) + " " + p);
+    if (v.file >= md.files.size()) fail("value " + printable(v.name) + " in file #" + std::to_string(v.file));
+    const auto fsize = md.files[v.file].size;
+    if (v.file_offset > fsize || v.size > fsize - v.file_offset)
+      fail("value " + printable(v.name) + " lies outside " + md.files[v.file].path);
+  }
+}
+
+// --- latest ---------------------------------------------------------------------------------------
+// `latest` holds the committed tag and its checksum: "<tag>\n<16 hex of XXH3-64(tag)>\n".
+
+inline std::string encode_latest(std::string_view tag) {
+  std::string s(tag);
+  s += '\n';
+  s += to_hex(xxh3(tag));
+  s += '\n';
+  return s;
+}
+
+inline std::string decode_latest(std::string_view text, const std::string& file) {
+  const auto nl = text.find('\n');
+  if (nl == std::string_view::npos || text.size() != nl + 18 || text.back() != '\n')
+    throw error(error_kind::corrupt, file + ": not a ckpt 'latest' file (expected a tag line and a checksum line)");
+  const auto tag = text.substr(0, nl);
+  std::uint64_t h;
+  if (!from_hex(text.substr(nl + 1, 16), h) || h != xxh3(tag))
+    throw error(error_kind::corrupt, file + ": checksum mismatch for tag " + printable(tag));
+  if (auto p = tag_problem(tag); !p.empty()) throw error(error_kind::corrupt, file + ": names an invalid tag " + printable(tag) + " (" + p + ")");
+  return std::string(tag);
+}
+
+}  // namespace ckpt::detail

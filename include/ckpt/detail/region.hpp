@@ -1,0 +1,127 @@
+#pragma once
+// Hyperrectangle arithmetic: where two slices of a global tensor overlap, and the contiguous
+// byte runs that copy one into the other. Resharding and chunked loads both rest on this.
+
+#include <cstdint>
+#include <vector>
+
+#include "../tensor.hpp"
+
+namespace ckpt::detail {
+
+/// A slice of a global tensor: `offset` and `shape` have one entry per dimension.
+struct region {
+  const shape_t& offset;
+  const shape_t& shape;
+};
+
+/// True when the two slices share at least one element.
+inline bool overlaps(region a, region b) {
+  for (std::size_t d = 0; d < a.shape.size(); ++d) {
+    const auto lo = std::max(a.offset[d], b.offset[d]);
+    const auto hi = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+    if (lo >= hi) return false;
+  }
+  return true;
+}
+
+/// Calls `run(dst_byte, src_byte, bytes)` for each maximal contiguous run of the overlap of
+/// `src` and `dst` (both row-major, `elem` bytes per element). Returns the bytes covered.
+template <class F>
+std::uint64_t for_each_overlap_run(region src, region dst, std::uint64_t elem, F&& run) {
+  const std::size_t n = src.shape.size();
+  if (n == 0) {  // scalars
+    run(0, 0, elem);
+    return elem;
+  }
+  shape_t lo(n), hi(n);
+  for (std::size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(src.offset[d], dst.offset[d]);
+    hi[d] = std::min(src.offset[d] + src.shape[d], dst.offset[d] + dst.shape[d]);
+    if (lo[d] >= hi[d]) return 0;
+  }
+  shape_t sstride(n), dstride(n);
+  sstride[n - 1] = dstride[n - 1] = elem;
+  for (std::size_t d = n - 1; d > 0; --d) {
+    sstride[d - 1] = sstride[d] * src.shape[d];
+    dstride[d - 1] = dstride[d] * dst.shape[d];
+  }
+  // Innermost dimensions the overlap spans completely in both slices merge into one run.
+  std::size_t k = n - 1;
+  while (k > 0 && lo[k] == src.offset[k] && hi[k] == src.offset[k] + src.shape[k] && lo[k] == dst.offset[k] &&
+         hi[k] == dst.offset[k] + dst.shape[k])
+    --k;
+  const std::uint64_t run_bytes = (hi[k] - lo[k]) * sstride[k];
+  shape_t idx(lo.begin(), lo.begin() + static_cast<std::ptrdiff_t>(k));
+  std::uint64_t total = 0;
+  for (;;) {
+    std::uint64_t s = (lo[k] - src.offset[k]) * sstride[k], t = (lo[k] - dst.offset[k]) * dstride[k];
+    for (std::size_t d = 0; d < k; ++d) {
+      s += (idx[d] - src.offset[d]) * sstride[d];
+      t += (idx[d] - dst.offset[d]) * dstride[d];
+    }
+    run(t, s, run_bytes);
+    total += run_bytes;
+    std::size_t d = k;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+      if (d == 0) return total;
+    }
+    if (k == 0) return total;
+  }
+}
+
+/// One chunk of a local tensor: a slice (offset, shape in local coordinates) whose bytes are
+/// the contiguous range [byte_offset, byte_offset + bytes) of the local tensor.
+struct chunk_slice {
+  shape_t offset;
+  shape_t shape;
+  std::uint64_t byte_offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// Splits a tensor into contiguous chunks of about `target` bytes: along the outermost
+/// dimension whose one-index step fits the target, with all outer dimensions fixed.
+inline std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target) {
+  const std::size_t n = shape.size();
+  std::uint64_t total = elem;
+  for (auto e : shape) total *= e;  // overflow was ruled out when the tensor_ref was made
+  if (n == 0 || total == 0 || total <= target) return {{shape_t(n, 0), shape, 0, total}};
+  shape_t step(n);  // bytes of one index step along each dimension
+  step[n - 1] = elem;
+  for (std::size_t d = n - 1; d > 0; --d) step[d - 1] = step[d] * shape[d];
+  std::size_t split = 0;
+  while (split + 1 < n && step[split] > target) ++split;
+  const std::uint64_t per = std::max<std::uint64_t>(1, target / step[split]);
+  std::vector<chunk_slice> out;
+  shape_t outer(split, 0);
+  for (;;) {
+    for (std::uint64_t i = 0; i < shape[split]; i += per) {
+      chunk_slice c;
+      c.offset = shape_t(n, 0);
+      c.shape = shape;
+      for (std::size_t d = 0; d < split; ++d) {
+        c.offset[d] = outer[d];
+        c.shape[d] = 1;
+      }
+      c.offset[split] = i;
+      c.shape[split] = std::min(per, shape[split] - i);
+      c.byte_offset = 0;
+      for (std::size_t d = 0; d <= split; ++d) c.byte_offset += c.offset[d] * step[d];
+      c.bytes = c.shape[split] * step[split];
+      out.push_back(std::move(c));
+    }
+    std::size_t d = split;
+    while (d > 0) {
+      --d;
+      if (++outer[d] < shape[d]) break;
+      outer[d] = 0;
+      if (d == 0) return out;
+    }
+    if (split == 0) return out;
+  }
+}
+
+}  // namespace ckpt::detail

@@ -1,0 +1,139 @@
+#pragma once
+// Writing one rank's shard file, and reading chunks back with their checks.
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../visitor.hpp"
+#include "format.hpp"
+#include "hash.hpp"
+#include "region.hpp"
+
+namespace ckpt::detail {
+
+/// A device policy that can hand out the tensor's bytes in place (host memory).
+template <class D>
+concept has_host_view = requires(const D& d, const tensor_ref& t) {
+  { d.host_view(t) } -> std::same_as<std::byte*>;
+};
+
+/// What writing a shard file produced: its index and the facts rank 0 records about it.
+struct written_shard {
+  std::string path;  // relative to the tag directory
+  std::uint64_t size = 0;
+  std::uint64_t index_xxh3 = 0;
+  shard_index index;
+};
+
+/// A tensor this rank stores, under its final name (validation logits use a reserved name).
+struct stored_tensor {
+  std::string name;
+  tensor_ref ref;
+};
+
+/// Writes one shard file: header block, 4 KiB-aligned chunks, values, footer index, trailer;
+/// then fsyncs and publishes it. The storage writer discards the temporary file on failure.
+template <class S, class C, class D>
+written_shard write_shard(S& storage, const std::string& tag, const std::string& path, std::uint32_t rank,
+                          const std::vector<stored_tensor>& tensors, const std::vector<value_entry>& values,
+                          const C& codec, D& device, std::uint64_t chunk_bytes) {
+  static const std::array<std::byte, alignment> zeros{};
+  written_shard out;
+  out.path = path;
+  out.index.rank = rank;
+  auto w = storage.create(tag + "/" + path);
+  {
+    auto header = make_header();
+    std::array<std::byte, header_bytes> block{};
+    std::copy(header.begin(), header.end(), block.begin());
+    w.write(block);
+  }
+  std::uint64_t pos = header_bytes;
+  std::vector<std::byte> staging, encoded;
+  constexpr bool direct = has_host_view<D> && C::id == 0;  // raw bytes straight from the tensor
+  for (const auto& t : tensors) {
+    const auto elem = size_of(t.ref.type());
+    const auto base = t.ref.global_offset();
+    for (const auto& c : split_into_chunks(t.ref.shape(), elem, chunk_bytes)) {
+      std::span<const std::byte> src;
+      if constexpr (direct) {
+        src = {device.host_view(t.ref) + c.byte_offset, c.bytes};
+      } else {
+        staging.resize(c.bytes);
+        device.to_host(t.ref, c.byte_offset, staging);
+        src = staging;
+      }
+      std::span<const std::byte> enc = src;
+      if constexpr (C::id != 0) {
+        encoded.resize(codec.max_encoded_size(src.size()));
+        enc = std::span<const std::byte>(encoded.data(), codec.encode(src, t.ref.type(), encoded));
+      }
+      chunk_record rec;
+      rec.name = t.name;
+      rec.type = t.ref.type();
+      rec.global_shape = t.ref.global_shape();
+      rec.slice_offset = c.offset;
+      for (std::size_t d = 0; d < base.size(); ++d) rec.slice_offset[d] += base[d];
+      rec.slice_shape = c.shape;
+      rec.codec = C::id;
+      rec.file_offset = pos;
+      rec.stored_size = enc.size();
+      rec.raw_size = c.bytes;
+      rec.xxh3 = xxh3(enc);
+      w.write(enc);
+      pos += enc.size();
+      if (const auto pad = align_up(pos) - pos; pad) {
+        w.write(std::span<const std::byte>(zeros.data(), pad));
+        pos += pad;
+      }
+      out.index.chunks.push_back(std::move(rec));
+    }
+  }
+  for (const auto& v : values) {
+    const auto bytes = v.save();
+    out.index.values.push_back({v.name, pos, bytes.size(), xxh3(bytes)});
+    w.write(bytes);
+    pos += bytes.size();
+  }
+  const auto index = encode_index(out.index);
+  const auto index_bytes = std::as_bytes(std::span(index.data(), index.size()));
+  out.index_xxh3 = xxh3(index_bytes);
+  w.write(index_bytes);
+  w.write(make_trailer({pos, index.size(), out.index_xxh3}));
+  out.size = pos + index.size() + trailer_bytes;
+  w.sync();
+  w.publish();
+  return out;
+}
+
+/// Checks the parts of a shard file that metadata.json does not cover: its size, header block
+/// and footer index (which must be the one rank 0 recorded). `key` is the storage key.
+template <class S>
+void verify_shard_file(const S& storage, const std::string& key, std::uint64_t expected_size,
+                       std::uint64_t expected_index_xxh3) {
+  const auto name = storage.describe(key);
+  const auto size = storage.size(key);
+  if (!size) throw error(error_kind::corrupt, name + " is missing");
+  if (*size != expected_size)
+    throw error(error_kind::corrupt, name + " has " + std::to_string(*size) + " bytes, metadata.json recorded " +
+                                         std::to_string(expected_size) + " (truncated or extended)");
+  std::array<std::byte, header_used> h;
+  storage.read(key, 0, h);
+  check_header(h, name);
+  std::array<std::byte, trailer_bytes> tb;
+  storage.read(key, *size - trailer_bytes, tb);
+  const auto t = check_trailer(tb, *size, name);
+  if (t.index_xxh3 != expected_index_xxh3)
+    throw error(error_kind::corrupt, name + ": footer index checksum " + to_hex(t.index_xxh3) + " differs from the " +
+                                         to_hex(expected_index_xxh3) + " recorded in metadata.json");
+  std::vector<std::byte> index(t.index_size);
+  storage.read(key, t.index_offset, index);
+  if (xxh3(index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
+}
+
+}  // namespace ckpt::detail

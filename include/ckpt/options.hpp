@@ -1,0 +1,88 @@
+#pragma once
+/// @file options.hpp
+/// Options of `checkpointer`, `save` and `load`, and what `load` returns.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "tensor.hpp"
+#include "topology.hpp"
+
+namespace ckpt {
+
+/// Options fixed for the life of a checkpointer.
+struct checkpointer_options {
+  /// After each successful commit keep only the newest N committed tags (0: keep all). The tag
+  /// `latest` names is never deleted, nor any directory ckpt did not write.
+  std::size_t keep_last_n = 0;
+  /// Tensors larger than this are split into chunks of about this size, each with its own
+  /// checksum, so a load reads and verifies only the chunks it needs.
+  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  /// The group `load_options::load_optimizer = false` skips.
+  std::string optimizer_group = "optimizer";
+};
+
+/// Options of one save.
+///
+/// @code
+/// cp.save(step, state, {.config = args, .validation_logits = ckpt::view(logits.data(), {8, 128})});
+/// @endcode
+struct save_options {
+  /// The run's configuration; stored in metadata.json and compared on load.
+  ckpt::config config{};
+  /// The tag to save under; default "global_step{iteration}".
+  std::optional<std::string> tag{};
+  /// Logits of a fixed forward pass, stored so a load can check the restored model reproduces
+  /// them (GPT-NeoX's checkpoint_validation_with_forward_pass). Any floating dtype.
+  std::optional<tensor_ref> validation_logits{};
+  /// Saving onto an existing committed tag other than the one `latest` names replaces it when
+  /// true, and is an error when false.
+  bool overwrite = true;
+};
+
+/// Options of one load.
+///
+/// @code
+/// auto r = cp.load(state, {.iteration = 200, .load_optimizer = false, .strict = false});
+/// @endcode
+struct load_options {
+  /// Load this tag; when neither `tag` nor `iteration` is set, the tag `latest` names.
+  std::optional<std::string> tag{};
+  /// Load the tag of this iteration ("global_step{N}", or any committed tag saved at N).
+  std::optional<std::uint64_t> iteration{};
+  /// False skips the optimizer group (`checkpointer_options::optimizer_group`).
+  bool load_optimizer = true;
+  /// Further groups (full names) to skip.
+  std::vector<std::string> skip_groups{};
+  /// Strict: a tensor or value missing from the checkpoint, or stored but not in the live
+  /// state, is an error naming all of them. Non-strict: they are listed in `load_result`.
+  bool strict = true;
+  /// The live configuration, compared with the saved one; every differing key is reported.
+  std::optional<ckpt::config> config{};
+  /// Keys left out of the comparison (e.g. the learning rate when fine-tuning).
+  std::vector<std::string> ignore_config_keys{};
+  /// False skips the config comparison even when `config` is set.
+  bool check_config = true;
+  /// Freshly computed logits to compare with those stored at save (see save_options).
+  std::optional<tensor_ref> validation_logits{};
+  double rtol = 1e-5;
+  double atol = 1e-8;
+};
+
+/// What a load restored.
+struct load_result {
+  std::string tag{};
+  std::uint64_t iteration = 0;
+  ckpt::config config{};           ///< the configuration stored at save
+  ckpt::topology topology;       ///< the topology it was saved with
+  std::vector<std::string> missing{};     ///< live names absent from the checkpoint (non-strict)
+  std::vector<std::string> unexpected{};  ///< stored names absent from the live state (non-strict)
+  std::vector<std::string> skipped{};     ///< stored names left alone because their group was skipped
+  std::uint64_t bytes_read = 0;         ///< bytes read from storage
+};
+
+}  // namespace ckpt

@@ -1,0 +1,164 @@
+#pragma once
+/// @file tensor.hpp
+/// `tensor_ref`: what ckpt knows about one tensor of the user's state (dtype, shape, where its
+/// bytes live, and which slice of a larger global tensor it is).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtype.hpp"
+#include "error.hpp"
+
+namespace ckpt {
+
+/// Shape of a tensor: one extent per dimension, outermost first (row-major). `{}` is a scalar.
+using shape_t = std::vector<std::uint64_t>;
+
+/// Where a tensor's bytes live.
+struct device {
+  enum class kind : std::uint8_t { host, cuda };
+  kind type = kind::host;
+  int id = 0;  ///< the CUDA device ordinal when `type == kind::cuda`
+
+  static constexpr device host() noexcept { return {}; }
+  static constexpr device cuda(int ordinal) noexcept { return {kind::cuda, ordinal}; }
+  friend constexpr bool operator==(device, device) = default;
+};
+
+/// Which part of a global tensor a local tensor holds.
+///
+/// A tensor without a shard spec is the whole global tensor. With one, it is the slice that
+/// starts at `offset` (one entry per dimension) inside `global_shape`; any dimension may be
+/// split and splits may be uneven. A replicated tensor is a full copy held by several ranks:
+/// ckpt stores its bytes once.
+///
+/// @code
+/// // rank r of tp=4 holds rows [r*256, r*256+256) of a 1024x512 weight
+/// ckpt::shard_spec s{.global_shape = {1024, 512}, .offset = {r * 256, 0}};
+/// @endcode
+struct shard_spec {
+  shape_t global_shape;
+  shape_t offset;
+  bool replicated = false;
+
+  /// A full copy of the tensor that other ranks hold too.
+  static shard_spec replica() { return {.global_shape = {}, .offset = {}, .replicated = true}; }
+};
+
+namespace detail {
+/// a*b, or an invalid_argument error naming `what` when the product does not fit in 64 bits.
+inline std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const std::string& what) {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a)
+    throw error(error_kind::invalid_argument, what + ": element count overflows 64 bits");
+  return a * b;
+}
+/// Number of elements of `shape`, checked for overflow.
+inline std::uint64_t element_count(std::span<const std::uint64_t> shape, const std::string& what) {
+  std::uint64_t n = 1;
+  for (auto e : shape) n = checked_mul(n, e, what);
+  return n;
+}
+/// "[3, 4]" for messages and metadata.
+inline std::string to_string(std::span<const std::uint64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+}  // namespace detail
+
+/// A reference to one tensor of the user's state: ckpt reads from it on save and writes into
+/// it on load. It does not own the bytes; they must stay valid for the call.
+///
+/// Usually made for you by the adapters (`v.tensor("w", my_vector)`); make one yourself for
+/// memory ckpt cannot see the shape of:
+/// @code
+/// float* w = engine.weights();
+/// v.tensor("layers.0.w", ckpt::view(w, {4096, 1024}));
+/// @endcode
+class tensor_ref {
+ public:
+  tensor_ref(dtype type, shape_t shape, void* data, device where = device::host())
+      : type_(type), shape_(std::move(shape)), data_(static_cast<std::byte*>(data)), where_(where) {
+    bytes_ = detail::checked_mul(detail::element_count(shape_, "tensor of shape " + detail::to_string(shape_)),
+                                 size_of(type_), "tensor of shape " + detail::to_string(shape_));
+  }
+  /// A read-only tensor: saving works, loading into it is an error.
+  tensor_ref(dtype type, shape_t shape, const void* data, device where = device::host())
+      : tensor_ref(type, std::move(shape), const_cast<void*>(data), where) {
+    writable_ = false;
+  }
+
+  dtype type() const noexcept { return type_; }
+  const shape_t& shape() const noexcept { return shape_; }
+  std::byte* data() const noexcept { return data_; }
+  device where() const noexcept { return where_; }
+  std::uint64_t numel() const noexcept { return size_of(type_) ? bytes_ / size_of(type_) : 0; }
+  std::uint64_t nbytes() const noexcept { return bytes_; }
+  bool writable() const noexcept { return writable_; }
+
+  /// Declares which slice of a global tensor this is (see `shard_spec`). Returns *this.
+  tensor_ref& sharded(shard_spec s) & {
+    shard_ = std::move(s);
+    return *this;
+  }
+  tensor_ref&& sharded(shard_spec s) && {
+    shard_ = std::move(s);
+    return std::move(*this);
+  }
+  const std::optional<shard_spec>& shard() const noexcept { return shard_; }
+
+  /// Global shape: the shard spec's, or the local shape when the tensor is whole or replicated.
+  const shape_t& global_shape() const noexcept {
+    return shard_ && !shard_->replicated ? shard_->global_shape : shape_;
+  }
+  /// Offset of this slice in the global tensor (all zeros when whole or replicated).
+  shape_t global_offset() const {
+    if (shard_ && !shard_->replicated) return shard_->offset;
+    return shape_t(shape_.size(), 0);
+  }
+
+ private:
+  dtype type_;
+  shape_t shape_;
+  std::byte* data_;
+  device where_;
+  std::uint64_t bytes_ = 0;
+  bool writable_ = true;
+  std::optional<shard_spec> shard_;
+};
+
+/// A tensor over `data` with the given shape. `T` must be an element type (see `dtype_of`).
+///
+/// @code
+/// std::vector<float> w(64 * 32);
+/// v.tensor("fc.weight", ckpt::view(w.data(), {64, 32}));
+/// @endcode
+template <element_type T>
+tensor_ref view(T* data, shape_t shape, device where = device::host()) {
+  return tensor_ref(dtype_of<std::remove_cv_t<T>>::value, std::move(shape), data, where);
+}
+
+/// A tensor over a vector's elements with the given shape, which must hold exactly `v.size()`
+/// elements.
+template <element_type T, class A>
+tensor_ref view(std::vector<T, A>& v, shape_t shape) {
+  static_assert(!std::is_same_v<T, bool>, "std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
+  const auto n = detail::element_count(shape, "view of shape " + detail::to_string(shape));
+  if (n != v.size())
+    throw error(error_kind::invalid_argument, "view of shape " + detail::to_string(shape) + " needs " +
+                                                  std::to_string(n) + " elements, the vector holds " +
+                                                  std::to_string(v.size()));
+  return view(v.data(), std::move(shape));
+}
+
+}  // namespace ckpt
