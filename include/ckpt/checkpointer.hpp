@@ -151,8 +151,9 @@ class checkpointer {
   const checkpointer_options& options() const noexcept { return options_; }
 
   /// Saves `state` as iteration `iteration` and commits it (collective: every rank calls it).
-  /// On return the tag is committed and `latest` names it; on error nothing was committed and
-  /// the previous checkpoint still loads.
+  /// On return the tag is committed and `latest` names it. On error the previous checkpoint
+  /// still loads; the new tag is committed only if the failure came after its metadata.json
+  /// was published (while replacing `latest` or applying retention), and is then complete.
   template <class T>
   void save(std::uint64_t iteration, const T& state, const save_options& opts = {}) {
     static_assert(detail::diagnose_checkpointable<T>());
@@ -165,6 +166,10 @@ class checkpointer {
       detail::visit_state(v, state);
       for (const auto& t : v.tensors()) {
         check_tensor(t.name, t.ref);
+        if (!device_.accepts(t.ref.where()))
+          throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) +
+                                                        " lives on a device this checkpointer's DevicePolicy does not "
+                                                        "handle (use ckpt::cuda::device_copy for GPU tensors)");
         if (policy_.writes(t.name, t.ref)) mine.push_back({t.name, t.ref});
       }
       if (opts.validation_logits && comm.rank() == 0) {
@@ -172,6 +177,8 @@ class checkpointer {
           throw error(error_kind::invalid_argument, "validation logits must be floating point, not " +
                                                         std::string(to_string(opts.validation_logits->type())));
         check_tensor("validation logits", *opts.validation_logits);
+        if (opts.validation_logits->where().type != device::kind::host)
+          throw error(error_kind::invalid_argument, "validation logits must be in host memory");
         mine.push_back({std::string(detail::validation_name), *opts.validation_logits});
       }
     });
@@ -254,7 +261,8 @@ class checkpointer {
     std::optional<std::string> last;
     try {
       last = latest();
-    } catch (const error&) {
+    } catch (const error& e) {
+      if (e.kind() != error_kind::corrupt) throw;  // an unreadable latest must not look absent
     }
     for (const auto& name : storage_.list("")) {
       if (!tag_problem(name).empty() || !committed(name)) continue;
@@ -262,8 +270,10 @@ class checkpointer {
         const auto key = name + "/" + std::string(detail::metadata_file);
         const auto md = detail::decode_metadata(read_text(key, detail::max_metadata_bytes), storage_.describe(key));
         out.push_back({name, md.iteration, last && *last == name});
-      } catch (const error&) {
-        // a damaged metadata.json is not a committed tag we can vouch for
+      } catch (const error& e) {
+        // A damaged metadata.json is not a committed tag we can vouch for; but an I/O error
+        // says nothing about the tag, and hiding it could let retention delete the wrong one.
+        if (e.kind() != error_kind::corrupt) throw;
       }
     }
     std::sort(out.begin(), out.end(), [](const tag_info& a, const tag_info& b) {
@@ -324,7 +334,8 @@ class checkpointer {
       std::optional<std::string> last;
       try {
         last = latest();
-      } catch (const error&) {
+      } catch (const error& e) {
+        if (e.kind() != error_kind::corrupt) throw;
       }
       if (last && *last == tag)
         throw error(error_kind::invalid_argument, "tag " + detail::printable(tag) +
@@ -334,11 +345,32 @@ class checkpointer {
         throw error(error_kind::invalid_argument, "tag " + detail::printable(tag) + " is already committed (set overwrite)");
       storage_.remove(tag + "/" + std::string(detail::metadata_file));  // uncommit first, then rewrite
     }
-    auto w = storage_.create(tag + "/" + std::string(detail::marker_file));
-    const std::string note = "written by ckpt; this tag is committed once metadata.json exists\n";
-    w.write(detail::as_bytes(note));
-    w.sync();
-    w.publish();
+    // A directory of that name that ckpt did not write is the user's: never write into it (a
+    // failed save would otherwise mark it as ckpt's and the next cleanup would delete it).
+    // One with ckpt's marker but no metadata.json is what a crashed save left: start afresh.
+    const auto existing = storage_.list(tag);
+    if (!existing.empty()) {
+      if (!storage_.size(tag + "/" + std::string(detail::marker_file)))
+        throw error(error_kind::invalid_argument, storage_.describe(tag) +
+                                                      " exists and was not written by ckpt; refusing to save into it");
+      if (!committed(tag)) storage_.remove_all(tag);
+    }
+    // The marker goes first, so that anything else in the directory is known to be ckpt's. If
+    // writing it fails in a directory this save just created, take the directory away again.
+    const bool fresh = storage_.list(tag).empty();
+    try {
+      write_file(tag + "/" + std::string(detail::marker_file),
+                 "written by ckpt; this tag is committed once metadata.json exists\n");
+    } catch (const error&) {
+      if (fresh) {
+        try {
+          storage_.remove_all(tag);
+        } catch (const error&) {
+          // the marker failure is the error worth reporting
+        }
+      }
+      throw;
+    }
   }
 
   /// Rank 0: merge the ranks' indexes, check the tiling, write metadata.json, then latest.
@@ -396,19 +428,23 @@ class checkpointer {
   /// Rank 0, after a commit: delete committed tags beyond keep_last_n (never the one `latest`
   /// names, never directories without ckpt's marker or metadata) and leftovers of crashed saves.
   void apply_retention(const std::string& current) {
-    std::vector<tag_info> committed_tags;
     for (const auto& name : storage_.list("")) {
+      if (name.starts_with(std::string(detail::latest_file) + ".tmp.")) {
+        storage_.remove(name);  // a temporary `latest` of a save that crashed before its rename
+        continue;
+      }
       if (name == current || !tag_problem(name).empty()) continue;
       if (committed(name)) continue;  // handled below, through tags()
       if (storage_.size(name + "/" + std::string(detail::marker_file)))
         storage_.remove_all(name);  // a save that never committed
     }
     if (options_.keep_last_n == 0) return;
+    const auto last = latest();  // throws rather than guess which tag latest names
     auto all = tags();
     if (all.size() <= options_.keep_last_n) return;
     const auto doomed = all.size() - options_.keep_last_n;
     for (std::size_t i = 0; i < doomed; ++i) {
-      if (all[i].latest || all[i].tag == current) continue;
+      if (all[i].tag == last || all[i].tag == current) continue;
       storage_.remove(all[i].tag + "/" + std::string(detail::metadata_file));  // uncommit, then delete
       storage_.remove_all(all[i].tag);
     }

@@ -38,11 +38,40 @@ inline std::string printable(std::string_view s) {
 }
 }  // namespace detail
 
+namespace detail {
+/// True when `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF).
+inline bool valid_utf8(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n;
+    std::uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xe0) == 0xc0) { n = 1; cp = c & 0x1f; }
+    else if ((c & 0xf0) == 0xe0) { n = 2; cp = c & 0x0f; }
+    else if ((c & 0xf8) == 0xf0) { n = 3; cp = c & 0x07; }
+    else return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += n + 1;
+  }
+  return true;
+}
+}  // namespace detail
+
 /// Why `name` is not a valid tensor or value name, or an empty string when it is.
 ///
 /// Names are hierarchical, segments joined by '.': `layers.3.attn.qkv.weight`. No segment may
 /// be empty (so no leading, trailing or doubled dot, which also rules out ".."), and no byte may
-/// be '/', '\\', a control character or DEL. Names starting with "__ckpt" are reserved.
+/// be '/', '\\', a control character or DEL, and the name must be UTF-8 (it is written into
+/// metadata.json). Names starting with "__ckpt" are reserved.
 inline std::string name_problem(std::string_view name) {
   if (name.empty()) return "is empty";
   if (name.size() > max_name_length)
@@ -54,6 +83,7 @@ inline std::string name_problem(std::string_view name) {
     if (c < 0x20 || c == 0x7f) return "contains a control character";
     if (c == '/' || c == '\\') return "contains a path separator";
   }
+  if (!detail::valid_utf8(name)) return "is not valid UTF-8";
   if (name.starts_with("__ckpt")) return "starts with the reserved prefix '__ckpt'";
   return {};
 }

@@ -152,7 +152,7 @@ tensor_ref view(T* data, shape_t shape, device where = device::host()) {
 /// elements.
 template <element_type T, class A>
 tensor_ref view(std::vector<T, A>& v, shape_t shape) {
-  static_assert(!std::is_same_v<T, bool>, "std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
+  static_assert(!std::is_same_v<T, bool>, "ckpt: std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
   const auto n = detail::element_count(shape, "view of shape " + detail::to_string(shape));
   if (n != v.size())
     throw error(error_kind::invalid_argument, "view of shape " + detail::to_string(shape) + " needs " +

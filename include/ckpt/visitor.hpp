@@ -73,7 +73,7 @@ struct tensor_traits {
 
 template <element_type T, class A>
 struct tensor_traits<std::vector<T, A>> {
-  static_assert(!std::is_same_v<T, bool>, "std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
+  static_assert(!std::is_same_v<T, bool>, "ckpt: std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
   static tensor_ref ref(std::vector<T, A>& v) { return view(v.data(), {v.size()}); }
 };
 template <element_type T, std::size_t N>

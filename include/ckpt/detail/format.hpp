@@ -134,6 +134,9 @@ inline std::string encode_index(const shard_index& idx) {
 
 /// Parses an index; every malformed input is a `corrupt` error naming `file`.
 inline shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
+  // cereal byte-swaps everything when this flag says big-endian; ckpt only writes 1.
+  if (bytes.empty() || bytes[0] != std::byte{1})
+    throw error(error_kind::corrupt, "corrupt index in " + file + ": bad byte-order flag");
   span_streambuf buf(bytes);
   std::istream is(&buf);
   shard_index idx;

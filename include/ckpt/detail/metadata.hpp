@@ -8,6 +8,7 @@
 // The checksum covers exactly the bytes of the inner document.
 
 #include <cstdint>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -250,8 +251,14 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
              ") lies outside " + md.files[c.file].path + " (" + std::to_string(fsize) + " bytes)");
     }
   }
+  std::set<std::pair<std::string_view, std::uint32_t>> value_keys;
   for (const auto& v : md.values) {
     if (auto p = name_problem(v.name); !p.empty()) fail("value name " + printable(v.name) + " " + p);
+    if (v.rank >= md.topology.world)
+      fail("value " + printable(v.name) + " of rank " + std::to_string(v.rank) + " in a world of " +
+           std::to_string(md.topology.world));
+    if (!value_keys.emplace(v.name, v.rank).second)
+      fail("value " + printable(v.name) + " of rank " + std::to_string(v.rank) + " is listed twice");
     if (v.file >= md.files.size()) fail("value " + printable(v.name) + " in file #" + std::to_string(v.file));
     const auto fsize = md.files[v.file].size;
     if (v.file_offset > fsize || v.size > fsize - v.file_offset)

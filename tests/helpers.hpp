@@ -1,0 +1,168 @@
+#pragma once
+// Shared pieces of the unit tests: temporary directories, a state with every dtype, and
+// storage factories so one test body runs against every Storage.
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <ckpt/ckpt.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace test {
+
+/// A fresh directory under /tmp, removed with its contents at scope exit.
+class temp_dir {
+ public:
+  temp_dir() {
+    static std::atomic<int> n{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("ckpt-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Storage factories for TEST_CASE_TEMPLATE: each owns what its storage needs.
+struct posix_backend {
+  using storage = ckpt::posix;
+  temp_dir dir;
+  storage make() { return storage(dir.path()); }
+};
+struct memory_backend {
+  using storage = ckpt::memory_storage;
+  storage mem;
+  storage make() { return mem; }
+};
+
+template <class T>
+void fill_random(std::vector<T>& v, std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  for (auto& x : v) {
+    if constexpr (std::is_same_v<T, ckpt::float16> || std::is_same_v<T, ckpt::bfloat16>)
+      x = T(std::normal_distribution<float>(0.f, 0.02f)(g));
+    else if constexpr (std::is_floating_point_v<T>)
+      x = static_cast<T>(std::normal_distribution<double>(0.0, 1.0)(g));
+    else
+      x = static_cast<T>(g());
+  }
+}
+
+/// One tensor of every dtype, an empty tensor, scalars, a 3-d tensor, values and an
+/// optimizer group: the state most tests save and load.
+struct every_dtype_state {
+  std::vector<double> f64 = std::vector<double>(37);
+  std::vector<float> f32 = std::vector<float>(12 * 33);  // viewed as 12 x 33
+  std::vector<ckpt::float16> f16 = std::vector<ckpt::float16>(50);
+  std::vector<ckpt::bfloat16> bf16 = std::vector<ckpt::bfloat16>(51);
+  std::vector<std::int64_t> i64 = std::vector<std::int64_t>(9);
+  std::vector<std::int32_t> i32 = std::vector<std::int32_t>(10);
+  std::vector<std::int16_t> i16 = std::vector<std::int16_t>(11);
+  std::vector<std::int8_t> i8 = std::vector<std::int8_t>(13);
+  std::vector<std::uint8_t> u8 = std::vector<std::uint8_t>(14);
+  std::array<bool, 7> flags{};
+  std::vector<float> empty;
+  double scalar = 0;
+  std::int32_t counter = 0;
+  std::vector<float> cube = std::vector<float>(4 * 5 * 6);
+  std::vector<float> adam_m = std::vector<float>(64), adam_v = std::vector<float>(64);
+  std::int64_t adam_step = 0;
+  std::mt19937 rng{1};
+  std::mt19937_64 rng64{2};
+  std::normal_distribution<double> noise{0.0, 1.0};
+  std::string note;
+  std::map<std::string, int> table;
+
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("f64", f64);
+    v.tensor("layers.0.f32", ckpt::view(f32, {12, 33}));
+    v.tensor("f16", f16);
+    v.tensor("bf16", bf16);
+    v.tensor("i64", i64);
+    v.tensor("i32", i32);
+    v.tensor("i16", i16);
+    v.tensor("i8", i8);
+    v.tensor("u8", u8);
+    v.tensor("flags", flags);
+    v.tensor("empty", empty);
+    v.tensor("scalar", scalar);
+    v.tensor("counter", counter);
+    v.tensor("cube", ckpt::view(cube.data(), {4, 5, 6}));
+    v.group("optimizer", [&](auto& g) {
+      g.tensor("m", adam_m);
+      g.tensor("v", adam_v);
+      g.value("step", adam_step);
+    });
+    v.value("rng", rng);
+    v.value("rng64", rng64);
+    v.value("noise", noise);
+    v.value("note", note);
+    v.value("table", table);
+  }
+
+  /// Deterministic, seed-dependent contents.
+  void randomise(std::uint64_t seed) {
+    fill_random(f64, seed + 1);
+    fill_random(f32, seed + 2);
+    fill_random(f16, seed + 3);
+    fill_random(bf16, seed + 4);
+    fill_random(i64, seed + 5);
+    fill_random(i32, seed + 6);
+    fill_random(i16, seed + 7);
+    fill_random(i8, seed + 8);
+    fill_random(u8, seed + 9);
+    for (std::size_t i = 0; i < flags.size(); ++i) flags[i] = ((seed >> i) & 1) != 0;
+    scalar = 0.5 + static_cast<double>(seed);
+    counter = static_cast<std::int32_t>(seed * 7);
+    fill_random(cube, seed + 10);
+    fill_random(adam_m, seed + 11);
+    fill_random(adam_v, seed + 12);
+    adam_step = static_cast<std::int64_t>(seed * 3);
+    rng.seed(static_cast<std::uint32_t>(seed));
+    rng.discard(seed % 100);
+    rng64.seed(seed + 99);
+    noise.reset();
+    noise(rng);  // leaves a cached second value in libstdc++'s normal_distribution
+    note = "seed " + std::to_string(seed);
+    table = {{"a", static_cast<int>(seed)}, {"b", 2}};
+  }
+
+  bool operator==(const every_dtype_state& o) const {
+    return f64 == o.f64 && f32 == o.f32 && f16 == o.f16 && bf16 == o.bf16 && i64 == o.i64 && i32 == o.i32 &&
+           i16 == o.i16 && i8 == o.i8 && u8 == o.u8 && flags == o.flags && empty == o.empty && scalar == o.scalar &&
+           counter == o.counter && cube == o.cube && adam_m == o.adam_m && adam_v == o.adam_v &&
+           adam_step == o.adam_step && rng == o.rng && rng64 == o.rng64 && noise == o.noise && note == o.note &&
+           table == o.table;
+  }
+};
+
+/// Runs `f` and returns the ckpt::error it throws; fails the test if it throws nothing.
+template <class F>
+ckpt::error catch_error(F&& f) {
+  try {
+    f();
+  } catch (const ckpt::error& e) {
+    return e;
+  }
+  FAIL("expected a ckpt::error");
+  return ckpt::error(ckpt::error_kind::io, "unreachable");
+}
+
+}  // namespace test

@@ -1,0 +1,110 @@
+// dtypes, 16-bit float conversions, and the rules for names, tags and storage keys.
+
+#include "helpers.hpp"
+
+#include <ckpt/detail/keys.hpp>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+TEST_CASE("dtype ids, names and sizes are stable") {
+  using ckpt::dtype;
+  const std::pair<dtype, std::pair<const char*, std::size_t>> table[] = {
+      {dtype::f64, {"f64", 8}}, {dtype::f32, {"f32", 4}}, {dtype::f16, {"f16", 2}}, {dtype::bf16, {"bf16", 2}},
+      {dtype::i64, {"i64", 8}}, {dtype::i32, {"i32", 4}}, {dtype::i16, {"i16", 2}}, {dtype::i8, {"i8", 1}},
+      {dtype::u8, {"u8", 1}},   {dtype::boolean, {"bool", 1}}};
+  std::uint8_t id = 1;
+  for (const auto& [t, info] : table) {
+    CHECK(static_cast<std::uint8_t>(t) == id++);  // the on-disk ids of docs/format.md
+    CHECK(ckpt::to_string(t) == info.first);
+    CHECK(ckpt::size_of(t) == info.second);
+    CHECK(ckpt::dtype_from_string(info.first) == t);
+    CHECK(ckpt::dtype_from_id(static_cast<std::uint8_t>(t)) == t);
+  }
+  CHECK_FALSE(ckpt::dtype_from_id(0));
+  CHECK_FALSE(ckpt::dtype_from_id(11));
+  CHECK_FALSE(ckpt::dtype_from_string("float"));
+  CHECK(ckpt::dtype_of<bool>::value == dtype::boolean);
+  CHECK(ckpt::dtype_of<ckpt::bfloat16>::value == dtype::bf16);
+}
+
+TEST_CASE("float16 converts like IEEE binary16 with round to nearest even") {
+  CHECK(ckpt::float16(1.0f).bits == 0x3c00);
+  CHECK(ckpt::float16(-2.0f).bits == 0xc000);
+  CHECK(ckpt::float16(65504.0f).bits == 0x7bff);
+  CHECK(ckpt::float16(65520.0f).bits == 0x7c00);  // rounds to infinity
+  CHECK(ckpt::float16(1e-8f).bits == 0x0000);
+  CHECK(ckpt::float16(5.9604645e-8f).bits == 0x0001);  // smallest subnormal
+  CHECK(ckpt::float16(std::numeric_limits<float>::infinity()).bits == 0x7c00);
+  CHECK(std::isnan(static_cast<float>(ckpt::float16(std::nanf("")))));
+  CHECK(ckpt::float16(1.0f + 1.0f / 2048).bits == 0x3c00);  // tie rounds to even
+  CHECK(ckpt::float16(1.0f + 3.0f / 2048).bits == 0x3c02);
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half survives a round trip
+    const float f = ckpt::float16::to_float(static_cast<std::uint16_t>(h));
+    REQUIRE(ckpt::float16(f).bits == h);
+  }
+}
+
+TEST_CASE("bfloat16 is the top half of binary32, rounded to nearest even") {
+  CHECK(ckpt::bfloat16(1.0f).bits == 0x3f80);
+  CHECK(ckpt::bfloat16(3.0f).bits == 0x4040);
+  CHECK(static_cast<float>(ckpt::bfloat16(3.0f)) == 3.0f);
+  CHECK(ckpt::bfloat16(std::bit_cast<float>(0x3f808000u)).bits == 0x3f80);  // tie to even
+  CHECK(ckpt::bfloat16(std::bit_cast<float>(0x3f818000u)).bits == 0x3f82);
+  CHECK(std::isnan(static_cast<float>(ckpt::bfloat16(std::nanf("")))));
+}
+
+TEST_CASE("names: hierarchical, no empty segment, no separators or control characters") {
+  for (const char* ok : {"w", "layers.3.attn.qkv.weight", "optimizer.exp_avg", "a-b_c", "x.0", "caf\xc3\xa9.\xf0\x9f\x98\x80"}) {
+    CAPTURE(ok);
+    CHECK(ckpt::name_problem(ok).empty());
+  }
+  for (std::string bad : {std::string(), std::string("a..b"), std::string(".a"), std::string("a."), std::string(".."),
+                          std::string("a/b"), std::string("a\\b"), std::string("a\x01"), std::string("a\x7f"),
+                          std::string("a\0", 2), std::string(ckpt::max_name_length + 1, 'x'), std::string("__ckpt.v"),
+                          std::string("\xff"), std::string("a\xc3"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80")}) {
+    CAPTURE(bad);
+    CHECK_FALSE(ckpt::name_problem(bad).empty());
+    CHECK_THROWS_AS(ckpt::validate_name(bad), ckpt::error);
+  }
+  try {
+    ckpt::validate_name(std::string("bad\nname"));
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()) == "invalid name 'bad\\x0aname': contains a control character");
+  }
+  try {
+    ckpt::validate_name(std::string(1 << 20, 'y'));  // a 1 MiB name is rejected with a short message
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()).size() < 400);
+  }
+}
+
+TEST_CASE("tags are single safe path components") {
+  for (const char* ok : {"global_step200", "best", "v1.2-final"}) CHECK(ckpt::tag_problem(ok).empty());
+  for (const char* bad : {"", "..", ".x", "a/b", "/abs", "latest", "a b", "a\\b"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(ckpt::tag_problem(bad).empty());
+  }
+  CHECK(ckpt::default_tag(200) == "global_step200");
+}
+
+TEST_CASE("storage keys never leave the root") {
+  using ckpt::detail::check_key;
+  CHECK_NOTHROW(check_key("global_step1/mp_rank_00/model_optim_rng.ckpt"));
+  for (const char* bad : {"", "/etc/passwd", "a/../b", "..", "a//b", "a/./b", "a/", "a\\b"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(check_key(bad), ckpt::error);
+  }
+  CHECK_NOTHROW(check_key("", true));
+}
+
+TEST_CASE("tensor_ref checks element counts and views check sizes") {
+  std::vector<float> v(6);
+  CHECK(ckpt::view(v, {2, 3}).nbytes() == 24);
+  CHECK_THROWS_AS(ckpt::view(v, {4, 2}), ckpt::error);
+  float x = 0;
+  const auto e = test::catch_error([&] { ckpt::view(&x, {std::uint64_t{1} << 40, std::uint64_t{1} << 40}); });
+  CHECK(std::string(e.what()).find("overflows 64 bits") != std::string::npos);
+  CHECK_THROWS_AS(ckpt::view(&x, {std::uint64_t{1} << 62, 2}), ckpt::error);  // bytes overflow
+}

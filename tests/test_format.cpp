@@ -1,0 +1,172 @@
+// The pieces of format v1 on their own: chunk geometry, overlap copies, the tiling check, and
+// the bounded index parser.
+
+#include "helpers.hpp"
+
+#include <ckpt/detail/coverage.hpp>
+#include <ckpt/detail/format.hpp>
+#include <ckpt/detail/metadata.hpp>
+#include <ckpt/detail/region.hpp>
+
+using namespace ckpt::detail;
+
+namespace {
+/// Row-major index of `idx` in `shape`.
+std::uint64_t flat(const ckpt::shape_t& idx, const ckpt::shape_t& shape) {
+  std::uint64_t f = 0;
+  for (std::size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];
+  return f;
+}
+}  // namespace
+
+TEST_CASE("chunks are contiguous, cover the tensor once, and respect the target size") {
+  const std::vector<ckpt::shape_t> shapes = {{1000}, {7, 13}, {3, 4, 5}, {2, 1, 9}, {1}, {}, {0, 4}, {5, 0}, {64, 64}};
+  for (const auto& shape : shapes) {
+    for (std::uint64_t target : {1u, 4u, 17u, 64u, 100u, 4096u}) {
+      CAPTURE(to_string(shape));
+      CAPTURE(target);
+      const auto chunks = split_into_chunks(shape, 4, target);
+      std::uint64_t total = 4;
+      for (auto e : shape) total *= e;
+      std::uint64_t next = 0;
+      for (const auto& c : chunks) {
+        CHECK(c.byte_offset == next);  // in order, contiguous, no gaps
+        std::uint64_t n = 4;
+        for (auto e : c.shape) n *= e;
+        CHECK(c.bytes == n);
+        if (!shape.empty() && total) CHECK(c.byte_offset == flat(c.offset, shape) * 4);
+        next += c.bytes;
+      }
+      CHECK(next == total);
+      if (total > target && !shape.empty()) {
+        std::uint64_t row = 4;  // a chunk never holds less than one element
+        for (const auto& c : chunks) CHECK((c.bytes <= target || c.bytes == row || c.shape.back() == shape.back()));
+      }
+    }
+  }
+}
+
+TEST_CASE("overlap runs copy exactly the intersection of two slices") {
+  // A 6x7x5 global tensor; copy between assorted slices and compare with element-wise truth.
+  const ckpt::shape_t global = {6, 7, 5};
+  struct slice {
+    ckpt::shape_t off, shape;
+  };
+  const std::vector<slice> slices = {{{0, 0, 0}, {6, 7, 5}}, {{1, 2, 0}, {3, 4, 5}}, {{0, 3, 1}, {6, 2, 3}},
+                                     {{5, 6, 4}, {1, 1, 1}}, {{2, 0, 0}, {2, 7, 5}}, {{0, 0, 2}, {6, 7, 3}}};
+  for (const auto& src : slices)
+    for (const auto& dst : slices) {
+      std::vector<std::int32_t> s(flat(src.shape, src.shape) ? 0 : 0);
+      std::uint64_t ns = 1, nd = 1;
+      for (auto e : src.shape) ns *= e;
+      for (auto e : dst.shape) nd *= e;
+      s.resize(ns);
+      // value = global flat index of the element
+      for (std::uint64_t i = 0; i < ns; ++i) {
+        ckpt::shape_t idx(3);
+        auto r = i;
+        for (std::size_t d = 3; d > 0; --d) {
+          idx[d - 1] = src.off[d - 1] + r % src.shape[d - 1];
+          r /= src.shape[d - 1];
+        }
+        s[i] = static_cast<std::int32_t>(flat(idx, global));
+      }
+      std::vector<std::int32_t> t(nd, -1);
+      const auto copied = for_each_overlap_run(region{src.off, src.shape}, region{dst.off, dst.shape}, 4,
+                                               [&](std::uint64_t to, std::uint64_t from, std::uint64_t n) {
+                                                 std::memcpy(reinterpret_cast<std::byte*>(t.data()) + to,
+                                                             reinterpret_cast<const std::byte*>(s.data()) + from, n);
+                                               });
+      std::uint64_t expect = 0;
+      for (std::uint64_t i = 0; i < nd; ++i) {
+        ckpt::shape_t idx(3);
+        auto r = i;
+        bool inside = true;
+        for (std::size_t d = 3; d > 0; --d) {
+          idx[d - 1] = dst.off[d - 1] + r % dst.shape[d - 1];
+          r /= dst.shape[d - 1];
+          inside = inside && idx[d - 1] >= src.off[d - 1] && idx[d - 1] < src.off[d - 1] + src.shape[d - 1];
+        }
+        if (inside) {
+          ++expect;
+          REQUIRE(t[i] == static_cast<std::int32_t>(flat(idx, global)));
+        } else {
+          REQUIRE(t[i] == -1);
+        }
+      }
+      CHECK(copied == expect * 4);
+    }
+}
+
+TEST_CASE("the tiling check finds gaps and overlaps and names the region") {
+  const ckpt::shape_t global = {8, 6};
+  auto check = [&](std::vector<std::pair<ckpt::shape_t, ckpt::shape_t>> parts) {
+    std::vector<placed_chunk> chunks;
+    for (const auto& [o, s] : parts) chunks.push_back({&o, &s, "f"});
+    check_tiling("w", global, chunks, ckpt::error_kind::invalid_argument, "");
+  };
+  CHECK_NOTHROW(check({{{0, 0}, {4, 6}}, {{4, 0}, {4, 6}}}));
+  CHECK_NOTHROW(check({{{0, 0}, {8, 2}}, {{0, 2}, {3, 4}}, {{3, 2}, {5, 4}}}));
+  try {
+    check({{{0, 0}, {4, 6}}, {{5, 0}, {3, 6}}});
+    FAIL("gap not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()) == "tensor 'w': region [4:5, 0:6] of global shape [8, 6] is not stored by any shard");
+  }
+  try {
+    check({{{0, 0}, {5, 6}}, {{4, 0}, {4, 6}}});
+    FAIL("overlap not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()).find("region [4:5, 0:6] is stored twice") != std::string::npos);
+  }
+  try {
+    check({{{0, 0}, {8, 7}}});
+    FAIL("out of bounds not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()).find("outside the global shape") != std::string::npos);
+  }
+}
+
+TEST_CASE("the footer index round-trips and rejects hostile counts without allocating them") {
+  shard_index idx;
+  idx.rank = 3;
+  idx.chunks.push_back({"a.b", ckpt::dtype::bf16, {4, 4}, {0, 0}, {2, 4}, 0, 4096, 16, 16, 0x1234});
+  idx.values.push_back({"rng", 8192, 10, 0x99});
+  const auto bytes = encode_index(idx);
+  const auto back = decode_index(std::as_bytes(std::span(bytes.data(), bytes.size())), "f");
+  CHECK(back.rank == 3);
+  REQUIRE(back.chunks.size() == 1);
+  CHECK(back.chunks[0].name == "a.b");
+  CHECK(back.chunks[0].type == ckpt::dtype::bf16);
+  CHECK(back.chunks[0].slice_shape == ckpt::shape_t{2, 4});
+  CHECK(back.values[0].file_offset == 8192);
+
+  // Layout: 1 endianness byte, u32 version, u32 rank, u64 chunk count, ...
+  auto hostile = bytes;
+  const std::uint64_t huge = std::uint64_t{1} << 60;
+  std::memcpy(hostile.data() + 9, &huge, 8);
+  auto e = test::catch_error([&] { decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("chunk count") != std::string::npos);
+  hostile = bytes;
+  std::memcpy(hostile.data() + 17, &huge, 8);  // the first name's length
+  e = test::catch_error([&] { decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"); });
+  CHECK(std::string(e.what()).find("string length") != std::string::npos);
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    CAPTURE(cut);
+    CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(bytes.data(), cut)), "f"), ckpt::error);
+  }
+  auto longer = bytes + "x";
+  CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(longer.data(), longer.size())), "f"), ckpt::error);
+}
+
+TEST_CASE("latest holds a tag and its checksum, and a tag outside the root is rejected") {
+  const auto text = encode_latest("global_step7");
+  CHECK(decode_latest(text, "latest") == "global_step7");
+  const auto evil = std::string("../../etc\n") + to_hex(xxh3(std::string_view("../../etc"))) + "\n";
+  const auto e = test::catch_error([&] { decode_latest(evil, "latest"); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("invalid tag") != std::string::npos);
+  CHECK_THROWS_AS(decode_latest("global_step7\n", "latest"), ckpt::error);
+  CHECK_THROWS_AS(decode_latest(text + "\n", "latest"), ckpt::error);
+}

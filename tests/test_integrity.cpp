@@ -1,0 +1,233 @@
+// Every byte ckpt reads is checked: flipped bytes, truncation and appended garbage in any file
+// give a `corrupt` error naming the file, or (for bytes that carry nothing, like padding) a
+// load that returns exactly the saved data. Never a crash, never silently wrong data.
+
+#include "helpers.hpp"
+
+#include <ckpt/detail/metadata.hpp>
+
+#include <fstream>
+
+using test::catch_error;
+using test::every_dtype_state;
+
+namespace {
+const std::string shard = "global_step5/mp_rank_00/model_optim_rng.ckpt";
+const std::string metadata = "global_step5/metadata.json";
+
+struct fixture {
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.chunk_bytes = 512}};
+  every_dtype_state saved;
+  fixture() {
+    saved.randomise(5);
+    cp.save(5, saved);
+  }
+  /// Loads into a fresh state: "ok" with equal data, or the error (which must be `corrupt`).
+  std::optional<ckpt::error> load_outcome(bool& equal) {
+    every_dtype_state x;
+    x.randomise(99);
+    try {
+      cp.load(x);
+    } catch (const ckpt::error& e) {
+      return e;
+    }
+    equal = x == saved;
+    return std::nullopt;
+  }
+};
+
+struct tally {
+  int detected = 0, harmless = 0;
+};
+
+/// Applies `mutate` to `file` at each position, loads, restores the file.
+template <class F>
+tally campaign(fixture& f, const std::string& file, const std::vector<std::size_t>& positions, F&& mutate) {
+  tally t;
+  const auto original = f.mem.bytes(file);
+  for (std::size_t pos : positions) {
+    CAPTURE(file);
+    CAPTURE(pos);
+    auto& b = f.mem.bytes(file);
+    mutate(b, pos);
+    bool equal = false;
+    const auto e = f.load_outcome(equal);
+    if (e) {
+      CHECK(e->kind() == ckpt::error_kind::corrupt);
+      CHECK(std::string(e->what()).find(file.substr(0, file.find('/'))) != std::string::npos);
+      // The message names the file that was damaged (or, for latest, the latest file).
+      CHECK(std::string(e->what()).find(file.substr(file.rfind('/') + 1)) != std::string::npos);
+      ++t.detected;
+    } else {
+      CHECK_MESSAGE(equal, "a mutation was accepted and changed the loaded data");
+      ++t.harmless;
+    }
+    f.mem.bytes(file) = original;
+  }
+  return t;
+}
+
+std::vector<std::size_t> all_positions(std::size_t n) {
+  std::vector<std::size_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+}  // namespace
+
+TEST_CASE("a flipped bit anywhere in the shard file is caught or harmless") {
+  fixture f;
+  // Every byte that carries data (header, chunks, values, index, trailer), and a sample of the
+  // zero padding between chunks, which carries nothing.
+  const auto& text = f.mem.bytes(metadata);
+  const auto md = ckpt::detail::decode_metadata(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "m");
+  const auto size = f.mem.bytes(shard).size();
+  std::vector<bool> meaningful(size, false);
+  for (std::size_t i = 0; i < 24; ++i) meaningful[i] = true;
+  std::uint64_t end_of_chunks = 4096;
+  for (const auto& t : md.tensors)
+    for (const auto& c : t.chunks) {
+      for (auto i = c.file_offset; i < c.file_offset + c.stored_size; ++i) meaningful[i] = true;
+      end_of_chunks = std::max(end_of_chunks, ckpt::detail::align_up(c.file_offset + c.stored_size));
+    }
+  for (auto i = end_of_chunks; i < size; ++i) meaningful[i] = true;
+  std::vector<std::size_t> positions, padding;
+  for (std::size_t i = 0; i < size; ++i) (meaningful[i] ? positions : padding).push_back(i);
+  for (std::size_t i = 0; i < padding.size(); i += 97) positions.push_back(padding[i]);
+  const auto t = campaign(f, shard, positions, [](std::vector<std::byte>& b, std::size_t pos) { b[pos] ^= std::byte{0x10}; });
+  MESSAGE("shard file of " << size << " bytes: " << t.detected << " flips detected, " << t.harmless
+                           << " harmless (padding)");
+  CHECK(t.detected > 0);
+  CHECK(t.detected + t.harmless == static_cast<int>(positions.size()));
+}
+
+TEST_CASE("a flipped bit anywhere in metadata.json or latest is caught") {
+  fixture f;
+  for (const std::string& file : {metadata, std::string("latest")}) {
+    const auto size = f.mem.bytes(file).size();
+    const auto t = campaign(f, file, all_positions(size), [](std::vector<std::byte>& b, std::size_t pos) { b[pos] ^= std::byte{0x01}; });
+    CHECK(t.detected == static_cast<int>(size));
+  }
+}
+
+TEST_CASE("truncation and appended garbage of every file are caught") {
+  fixture f;
+  for (const std::string& file : {shard, metadata, std::string("latest")}) {
+    const auto size = f.mem.bytes(file).size();
+    std::vector<std::size_t> cuts = {0, 1, size / 2, size - 1};
+    if (file == shard) cuts.insert(cuts.end(), {4096, 4100, size - 40, size - 41});
+    for (auto cut : cuts) {
+      CAPTURE(file);
+      CAPTURE(cut);
+      const auto original = f.mem.bytes(file);
+      f.mem.bytes(file).resize(cut);
+      bool equal = false;
+      const auto e = f.load_outcome(equal);
+      REQUIRE(e);
+      CHECK(e->kind() == ckpt::error_kind::corrupt);
+      f.mem.bytes(file) = original;
+    }
+    for (std::size_t extra : {1u, 7u, 40u, 5000u}) {
+      CAPTURE(file);
+      CAPTURE(extra);
+      const auto original = f.mem.bytes(file);
+      f.mem.bytes(file).resize(original.size() + extra, std::byte{0x41});
+      bool equal = false;
+      const auto e = f.load_outcome(equal);
+      REQUIRE(e);
+      CHECK(e->kind() == ckpt::error_kind::corrupt);
+      f.mem.bytes(file) = original;
+    }
+  }
+}
+
+TEST_CASE("a corrupt chunk names the file and the tensor") {
+  fixture f;
+  // Find the first chunk of 'cube' through the metadata and damage it.
+  const auto& text = f.mem.bytes(metadata);
+  const auto md = ckpt::detail::decode_metadata(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "m");
+  std::uint64_t at = 0;
+  for (const auto& t : md.tensors)
+    if (t.name == "cube") at = t.chunks.at(0).file_offset;
+  REQUIRE(at >= 4096);
+  f.mem.bytes(shard)[at + 3] ^= std::byte{0xff};
+  every_dtype_state x;
+  const auto e = catch_error([&] { f.cp.load(x); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("memory:global_step5/mp_rank_00/model_optim_rng.ckpt, tensor 'cube'") != std::string::npos);
+  CHECK(std::string(e.what()).find("checksum mismatch") != std::string::npos);
+}
+
+TEST_CASE("a metadata.json with a valid checksum but hostile contents is rejected before any allocation") {
+  fixture f;
+  const auto& text = f.mem.bytes(metadata);
+  const auto original = std::string(reinterpret_cast<const char*>(text.data()), text.size());
+  const auto md0 = ckpt::detail::decode_metadata(original, "m");
+  auto rewrite = [&](auto&& change) {
+    auto md = md0;
+    change(md);
+    const auto s = ckpt::detail::encode_metadata(md);
+    auto& b = f.mem.bytes(metadata);
+    b.assign(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+    every_dtype_state x;
+    const auto e = catch_error([&] { f.cp.load(x); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    f.mem.bytes(metadata).assign(reinterpret_cast<const std::byte*>(original.data()),
+                                 reinterpret_cast<const std::byte*>(original.data()) + original.size());
+    return std::string(e.what());
+  };
+  auto find = [&](ckpt::detail::metadata& md, const std::string& n) -> ckpt::detail::tensor_meta& {
+    for (auto& t : md.tensors)
+      if (t.name == n) return t;
+    throw std::runtime_error("no tensor " + n);
+  };
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].stored_size = std::uint64_t{1} << 62; }).find("lies outside") !=
+        std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").shape = {std::uint64_t{1} << 40, std::uint64_t{1} << 40}; })
+            .find("overflows") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].file = 7; }).find("file #7") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.files[0].path = "../../etc/passwd"; }).find("invalid storage key") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.tag = "other"; }).find("records tag") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").name = "a/../b"; }).find("tensor name") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.format_version = 2; }).find("format version 2") != std::string::npos);
+  CHECK(rewrite([&](auto& md) {
+          auto& t = find(md, "layers.0.f32");
+          t.chunks.push_back(t.chunks[0]);
+        }).find("stored twice") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "layers.0.f32").chunks.pop_back(); }).find("not stored by any shard") !=
+        std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].codec = 77; }).find("unknown codec id 77") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.files[0].size += 1; }).find("recorded") != std::string::npos);
+  // Deeply nested JSON never reaches the recursive parser.
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const auto wrapped = std::string(ckpt::detail::envelope_head) + ckpt::detail::to_hex(ckpt::detail::xxh3(deep)) +
+                       std::string(ckpt::detail::envelope_mid) + deep + std::string(ckpt::detail::envelope_tail);
+  const auto e = catch_error([&] { ckpt::detail::decode_metadata(wrapped, "deep.json"); });
+  CHECK(std::string(e.what()).find("nested too deeply") != std::string::npos);
+}
+
+TEST_CASE("a damaged file on disk is caught through the posix storage too") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  every_dtype_state s;
+  s.randomise(8);
+  cp.save(5, s);
+  const auto path = dir.path() / shard;
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 1);
+    f.put('\x5a');
+  }
+  every_dtype_state x;
+  auto e = catch_error([&] { cp.load(x); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find(path.string()) != std::string::npos);
+  std::filesystem::resize_file(path, 5000);
+  e = catch_error([&] { cp.load(x); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("truncated or extended") != std::string::npos);
+  std::filesystem::remove(path);
+  e = catch_error([&] { cp.load(x); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("missing") != std::string::npos);
+}

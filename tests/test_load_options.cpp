@@ -1,0 +1,221 @@
+// What load can be asked to do: skip the optimizer, strict and non-strict matching, shape and
+// dtype checks, the config check, and forward-pass validation logits.
+
+#include "helpers.hpp"
+
+using test::catch_error;
+using test::every_dtype_state;
+
+namespace {
+struct small {
+  std::vector<float> w = std::vector<float>(6);
+  std::vector<float> m = std::vector<float>(6);
+  std::int64_t step = 0;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", ckpt::view(w, {2, 3}));
+    v.group("optimizer", [&](auto& g) {
+      g.tensor("m", m);
+      g.value("step", step);
+    });
+  }
+};
+
+ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> make(ckpt::memory_storage& mem) {
+  return {{}, mem};
+}
+
+bool contains(const ckpt::error& e, const std::string& s) { return std::string(e.what()).find(s) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("load_optimizer = false leaves the optimizer group alone") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  small a;
+  a.w = {1, 2, 3, 4, 5, 6};
+  a.m = {9, 9, 9, 9, 9, 9};
+  a.step = 12;
+  cp.save(3, a);
+  small b;
+  const auto r = cp.load(b, {.load_optimizer = false});
+  CHECK(b.w == a.w);
+  CHECK(b.m == std::vector<float>(6, 0.f));
+  CHECK(b.step == 0);
+  CHECK(r.skipped == std::vector<std::string>{"optimizer.m", "optimizer.step"});
+  // The same through skip_groups, and a strict load still passes: skipped entries are expected.
+  small c;
+  cp.load(c, {.skip_groups = {"optimizer"}, .strict = true});
+  CHECK(c.step == 0);
+}
+
+TEST_CASE("strict load names every missing and unexpected entry; non-strict lists them") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  small a;
+  cp.save(1, a);
+  struct other {
+    std::vector<float> w = std::vector<float>(6);
+    std::vector<float> extra = std::vector<float>(2), extra2 = std::vector<float>(2);
+    int epoch = 0;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("w", ckpt::view(w, {2, 3}));
+      v.tensor("extra", extra);
+      v.tensor("extra2", extra2);
+      v.value("epoch", epoch);
+    }
+  } o;
+  const auto e = catch_error([&] { cp.load(o); });
+  CHECK(e.kind() == ckpt::error_kind::mismatch);
+  CHECK(contains(e, "missing from the checkpoint: 'extra', 'extra2', 'epoch'"));
+  CHECK(contains(e, "not in the live state: 'optimizer.m', 'optimizer.step'"));
+
+  a.w = {6, 5, 4, 3, 2, 1};
+  cp.save(2, a);
+  const auto r = cp.load(o, {.strict = false});
+  CHECK(o.w == a.w);
+  CHECK(r.missing == std::vector<std::string>{"extra", "extra2", "epoch"});
+  CHECK(r.unexpected == std::vector<std::string>{"optimizer.m", "optimizer.step"});
+}
+
+TEST_CASE("shape and dtype mismatches name the tensor and both sides") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  small a;
+  a.step = 12;
+  cp.save(1, a);
+  struct reshaped {
+    std::vector<float> w = std::vector<float>(6);
+    std::vector<float> m = std::vector<float>(6);
+    std::int64_t step = 0;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("w", ckpt::view(w, {3, 2}));
+      v.group("optimizer", [&](auto& g) {
+        g.tensor("m", m);
+        g.value("step", step);
+      });
+    }
+  } r;
+  auto e = catch_error([&] { cp.load(r); });
+  CHECK(e.kind() == ckpt::error_kind::mismatch);
+  CHECK(contains(e, "tensor 'w': saved f32 [2, 3], live f32 [3, 2]"));
+
+  struct retyped {
+    std::vector<double> w = std::vector<double>(6);
+    std::vector<float> m = std::vector<float>(6);
+    std::int64_t step = 0;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("w", ckpt::view(w, {2, 3}));
+      v.group("optimizer", [&](auto& g) {
+        g.tensor("m", m);
+        g.value("step", step);
+      });
+    }
+  } t;
+  e = catch_error([&] { cp.load(t); });
+  CHECK(contains(e, "tensor 'w': saved f32 [2, 3], live f64 [2, 3]"));
+
+  struct revalued {
+    std::vector<float> w = std::vector<float>(6);
+    std::vector<float> m = std::vector<float>(6);
+    std::string step;  // was an int64
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("w", ckpt::view(w, {2, 3}));
+      v.group("optimizer", [&](auto& g) {
+        g.tensor("m", m);
+        g.value("step", step);
+      });
+    }
+  } rv;
+  e = catch_error([&] { cp.load(rv); });
+  CHECK(e.kind() == ckpt::error_kind::mismatch);
+  CHECK(contains(e, "value 'optimizer.step'"));
+}
+
+TEST_CASE("loading into a read-only view is an error") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  const std::vector<float> data(4, 1.f);
+  struct ro {
+    const std::vector<float>* d;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("d", ckpt::view(d->data(), {4}));
+    }
+  } s{&data};
+  cp.save(1, s);
+  const auto e = catch_error([&] { cp.load(s); });
+  CHECK(e.kind() == ckpt::error_kind::invalid_argument);
+  CHECK(contains(e, "read-only"));
+}
+
+TEST_CASE("config check reports every differing key with both values") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  small a;
+  const ckpt::config saved{{"hidden_size", 1024}, {"num_layers", 24}, {"lr", 3e-4}, {"precision", "bf16"}, {"tied", true}};
+  cp.save(200, a, {.config = saved});
+  small b;
+  const ckpt::config live{{"hidden_size", 2048}, {"num_layers", 24}, {"lr", 1e-4}, {"precision", "bf16"}, {"seq", 2048}};
+  auto e = catch_error([&] { cp.load(b, {.config = live}); });
+  CHECK(e.kind() == ckpt::error_kind::mismatch);
+  CHECK(contains(e, "config mismatch in "));
+  CHECK(contains(e, "global_step200/metadata.json"));
+  CHECK(contains(e, "hidden_size saved 1024, current 2048"));
+  CHECK(contains(e, "lr saved 3e-04, current 1e-04"));
+  CHECK(contains(e, "seq saved (absent), current 2048"));
+  CHECK(contains(e, "tied saved true, current (absent)"));
+  CHECK_FALSE(contains(e, "num_layers"));
+  CHECK_FALSE(contains(e, "precision"));
+
+  e = catch_error([&] { cp.load(b, {.config = live, .ignore_config_keys = {"lr", "seq", "tied"}}); });
+  CHECK(contains(e, "hidden_size"));
+  CHECK_FALSE(contains(e, "lr saved"));
+
+  const auto r = cp.load(b, {.config = live, .ignore_config_keys = {"hidden_size", "lr", "seq", "tied"}});
+  CHECK(r.config == saved);
+  cp.load(b, {.config = live, .check_config = false});
+  cp.load(b, {.config = saved});
+  cp.load(b);  // no live config: nothing to compare
+}
+
+TEST_CASE("validation logits: a reproduced forward pass passes, a different one fails with the worst element") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  small a;
+  std::vector<float> logits(4 * 10);
+  test::fill_random(logits, 4);
+  cp.save(1, a, {.validation_logits = ckpt::view(logits, {4, 10})});
+
+  small b;
+  auto fresh = logits;
+  cp.load(b, {.validation_logits = ckpt::view(fresh, {4, 10})});
+  fresh[13] += 1e-9f * std::abs(fresh[13]);  // within rtol
+  cp.load(b, {.validation_logits = ckpt::view(fresh, {4, 10})});
+
+  fresh = logits;
+  fresh[23] += 0.5f;
+  fresh[7] += 0.01f;
+  auto e = catch_error([&] { cp.load(b, {.validation_logits = ckpt::view(fresh, {4, 10})}); });
+  CHECK(e.kind() == ckpt::error_kind::mismatch);
+  CHECK(contains(e, "2 of 40 elements outside rtol=1e-05 atol=1e-08"));
+  CHECK(contains(e, "max abs difference 0.4999999"));
+  CHECK(contains(e, "at [2, 3]"));
+  // Looser tolerances accept it.
+  cp.load(b, {.validation_logits = ckpt::view(fresh, {4, 10}), .rtol = 0, .atol = 0.6});
+
+  // bf16 logits compared against the f32 ones saved.
+  std::vector<ckpt::bfloat16> half(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) half[i] = ckpt::bfloat16(logits[i]);
+  cp.load(b, {.validation_logits = ckpt::view(half, {4, 10}), .rtol = 1e-2, .atol = 1e-3});
+  e = catch_error([&] { cp.load(b, {.validation_logits = ckpt::view(half, {4, 10})}); });
+  CHECK(contains(e, "validation logits differ"));
+
+  std::vector<float> wrong(12);
+  e = catch_error([&] { cp.load(b, {.validation_logits = ckpt::view(wrong, {3, 4})}); });
+  CHECK(contains(e, "saved shape [4, 10], current [3, 4]"));
+
+  cp.save(2, a);
+  e = catch_error([&] { cp.load(b, {.validation_logits = ckpt::view(fresh, {4, 10})}); });
+  CHECK(e.kind() == ckpt::error_kind::not_found);
+  // A strict load ignores the stored logits when no check is asked for.
+  cp.load(b, {.iteration = 1});
+}

@@ -1,0 +1,102 @@
+// Retention: keep the newest N committed tags, never the one latest names, never anything ckpt
+// did not write; remove what crashed saves left behind.
+
+#include "helpers.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+struct tiny {
+  std::vector<float> w = std::vector<float>(8);
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", w);
+  }
+};
+std::vector<std::string> tag_names(const auto& cp) {
+  std::vector<std::string> v;
+  for (const auto& t : cp.tags()) v.push_back(t.tag);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("keep_last_n keeps the newest committed tags") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path(), {.keep_last_n = 2}};
+  tiny s;
+  for (std::uint64_t it = 1; it <= 5; ++it) cp.save(it * 100, s);
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step400", "global_step500"});
+  CHECK_FALSE(fs::exists(dir.path() / "global_step300"));
+  CHECK(cp.latest() == "global_step500");
+}
+
+TEST_CASE("retention never deletes the tag latest names, nor directories ckpt did not write") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path(), {.keep_last_n = 1}};
+  tiny s;
+  // Things that are not ckpt's: a user's notes, a directory named like a tag without ckpt's
+  // marker, a stray file.
+  fs::create_directories(dir.path() / "global_step1" / "mine");
+  fs::create_directories(dir.path() / "notes");
+  std::ofstream(dir.path() / "README") << "mine\n";
+  cp.save(300, s);
+  cp.save(50, s);  // an older iteration saved last: latest names it
+  const auto tags = tag_names(cp);
+  CHECK(tags == std::vector<std::string>{"global_step50", "global_step300"});  // newest by iteration + latest
+  CHECK(cp.latest() == "global_step50");
+  CHECK(fs::exists(dir.path() / "global_step1" / "mine"));
+  CHECK(fs::exists(dir.path() / "notes"));
+  CHECK(fs::exists(dir.path() / "README"));
+  cp.save(400, s);
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step400"});
+  CHECK(fs::exists(dir.path() / "global_step1" / "mine"));
+}
+
+TEST_CASE("leftovers of a crashed save are removed by the next save, even with retention off") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  tiny s;
+  cp.save(10, s);
+  // What a save killed before its commit leaves: ckpt's marker, a shard, a temp file.
+  const auto crashed = dir.path() / "global_step20";
+  fs::create_directories(crashed / "mp_rank_00");
+  fs::copy_file(dir.path() / "global_step10" / ".ckpt_tag", crashed / ".ckpt_tag");
+  std::ofstream(crashed / "mp_rank_00" / "model_optim_rng.ckpt.tmp.123.0") << "partial";
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step10"});  // never listed, never loaded
+  tiny x;
+  CHECK_THROWS_AS(cp.load(x, {.tag = "global_step20"}), ckpt::error);
+  cp.save(30, s);
+  CHECK_FALSE(fs::exists(crashed));
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step10", "global_step30"});
+}
+
+TEST_CASE("retention works the same on memory storage") {
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.keep_last_n = 3}};
+  tiny s;
+  for (std::uint64_t it = 1; it <= 6; ++it) cp.save(it, s);
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step4", "global_step5", "global_step6"});
+  for (const auto& k : mem.keys()) CHECK((k == "latest" || k.starts_with("global_step4/") ||
+                                         k.starts_with("global_step5/") || k.starts_with("global_step6/")));
+}
+
+TEST_CASE("a save never writes into a directory ckpt did not create") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  fs::create_directories(dir.path() / "global_step5");
+  std::ofstream(dir.path() / "global_step5" / "my_notes.txt") << "precious\n";
+  tiny s;
+  try {
+    cp.save(5, s);
+    FAIL("saved into a user's directory");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::invalid_argument);
+    CHECK(std::string(e.what()).find("not written by ckpt") != std::string::npos);
+  }
+  cp.save(6, s);
+  CHECK(fs::exists(dir.path() / "global_step5" / "my_notes.txt"));
+  CHECK_FALSE(fs::exists(dir.path() / "global_step5" / ".ckpt_tag"));
+}
