@@ -131,7 +131,7 @@ TEST_CASE("the footer index round-trips and rejects hostile counts without alloc
   shard_index idx;
   idx.rank = 3;
   idx.chunks.push_back({"a.b", ckpt::dtype::bf16, {4, 4}, {0, 0}, {2, 4}, 0, 4096, 16, 16, 0x1234});
-  idx.values.push_back({"rng", 8192, 10, 0x99});
+  idx.values.push_back({"rng", 2, 8192, 10, 0x99});
   const auto bytes = encode_index(idx);
   const auto back = decode_index(std::as_bytes(std::span(bytes.data(), bytes.size())), "f");
   CHECK(back.rank == 3);
@@ -140,6 +140,7 @@ TEST_CASE("the footer index round-trips and rejects hostile counts without alloc
   CHECK(back.chunks[0].type == ckpt::dtype::bf16);
   CHECK(back.chunks[0].slice_shape == ckpt::shape_t{2, 4});
   CHECK(back.values[0].file_offset == 8192);
+  CHECK(back.values[0].rank == 2);
 
   // Layout: 1 endianness byte, u32 version, u32 rank, u64 chunk count, ...
   auto hostile = bytes;

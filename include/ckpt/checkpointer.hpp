@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct tag_info {
 };
 
 namespace detail {
+/// A ShardPolicy that sends every rank's tensors to rank 0 (see gather_to_root).
+template <class P>
+concept gathers = requires { requires P::gathers; };
+
 inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory is a ckpt tag"
 inline constexpr std::string_view metadata_file = "metadata.json";
 inline constexpr std::string_view latest_file = "latest";
@@ -161,8 +166,10 @@ class checkpointer {
     const std::string tag = opts.tag.value_or(default_tag(iteration));
     visitor v;
     std::vector<detail::stored_tensor> mine;
+    std::vector<detail::stored_value> values;
     detail::collective(comm, [&] {
       validate_tag(tag);
+      (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
       detail::visit_state(v, state);
       for (const auto& t : v.tensors()) {
         check_tensor(t.name, t.ref);
@@ -181,8 +188,26 @@ class checkpointer {
           throw error(error_kind::invalid_argument, "validation logits must be in host memory");
         mine.push_back({std::string(detail::validation_name), *opts.validation_logits});
       }
+      for (const auto& val : v.values()) values.push_back({val.name, static_cast<std::uint32_t>(comm.rank()), val.save()});
     });
     agree_on(comm, tag, iteration);
+    detail::gathered at_root;  // under a gathering policy: what the other ranks sent rank 0
+    if constexpr (detail::gathers<Policy>) {
+      std::string packed;
+      detail::collective(comm, [&] {
+        if (comm.rank() != 0) {
+          packed = detail::pack_for_root(mine, values, device_);
+          mine.clear();
+          values.clear();
+        }
+      });
+      auto parts = comm.gather(detail::as_bytes(packed), 0);
+      detail::collective(comm, [&] {
+        for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root);
+      });
+      for (auto& t : at_root.tensors) mine.push_back(std::move(t));
+      for (auto& val : at_root.values) values.push_back(std::move(val));
+    }
     detail::collective(comm, [&] {
       if (comm.rank() == 0) prepare_tag(tag, opts.overwrite);
     });
@@ -191,9 +216,9 @@ class checkpointer {
     detail::collective(comm, [&] {
       if (auto path = policy_.shard_file()) {
         detail::check_key(*path);
-        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), mine, v.values(),
+        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), mine, values,
                                       codec_, device_, options_.chunk_bytes);
-      } else if (!mine.empty() || !v.values().empty()) {
+      } else if (!mine.empty() || !values.empty()) {
         throw error(error_kind::invalid_argument, "the shard policy gives rank " + std::to_string(comm.rank()) +
                                                       " tensors to write but no file to write them to");
       }
@@ -227,6 +252,7 @@ class checkpointer {
     const std::string md_name = storage_.describe(tag + "/" + std::string(detail::metadata_file));
     detail::metadata md;
     load_result result;
+    visitor v;
     detail::collective(comm, [&] {
       md = detail::decode_metadata(text, md_name);
       detail::validate_metadata(md, tag, md_name);
@@ -235,6 +261,7 @@ class checkpointer {
         for (const auto& c : t.chunks) placed.push_back({&c.offset, &c.shape, md.files[c.file].path});
         detail::check_tiling(t.name, t.shape, placed, error_kind::corrupt, md_name + ": ");
       }
+      (void)policy_.topology();
       result.tag = tag;
       result.iteration = md.iteration;
       result.config = md.config;
@@ -242,10 +269,28 @@ class checkpointer {
       if (opts.config && opts.check_config) check_config(md, *opts.config, opts.ignore_config_keys, md_name);
       std::vector<std::string> skip = opts.skip_groups;
       if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
-      visitor v(skip);
+      v = visitor(skip);
       detail::visit_state(v, state);
-      restore(md, v, opts, result);
+      match_names(md, v, result);
     });
+    if (comm.size() > 1) {
+      // With pipeline stages each rank holds only some tensors: a stored name is unexpected
+      // only when no rank holds it.
+      std::string mine;
+      for (const auto& n : result.unexpected) mine += n + '\n';
+      const auto all = comm.all_gather(detail::as_bytes(mine));
+      std::map<std::string, std::size_t> seen;
+      for (const auto& b : all) {
+        std::string_view text(reinterpret_cast<const char*>(b.data()), b.size());
+        for (std::size_t at = 0; at < text.size();) {
+          const auto nl = text.find('\n', at);
+          ++seen[std::string(text.substr(at, nl - at))];
+          at = nl + 1;
+        }
+      }
+      std::erase_if(result.unexpected, [&](const std::string& n) { return seen[n] != all.size(); });
+    }
+    detail::collective(comm, [&] { restore(md, v, opts, result); });
     return result;
   }
 
@@ -404,7 +449,7 @@ class checkpointer {
                             c.stored_size, c.raw_size, c.xxh3});
       }
       for (auto& v : rep.index.values)
-        md.values.push_back({std::move(v.name), rep.index.rank, file, v.file_offset, v.size, v.xxh3});
+        md.values.push_back({std::move(v.name), v.rank, file, v.file_offset, v.size, v.xxh3});
     }
     md.tensors.reserve(tensors.size());
     for (auto& [name, t] : tensors) {
@@ -518,16 +563,13 @@ class checkpointer {
     if (!diffs.empty()) throw error(error_kind::mismatch, "config mismatch in " + md_name + ": " + diffs);
   }
 
-  /// Reads the chunks that overlap the live tensors, verifies them, and restores values.
-  void restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
-    auto& comm = policy_.communicator();
-    const std::string tag_dir = md.tag + "/";
-    std::unordered_map<std::string_view, const detail::tensor_meta*> stored;
-    for (const auto& t : md.tensors) stored.emplace(t.name, &t);
-    std::unordered_map<std::string_view, std::vector<const detail::value_meta*>> stored_values;
-    for (const auto& val : md.values) stored_values[val.name].push_back(&val);
-
-    // Match names both ways before touching any byte.
+  /// Lists live names the checkpoint lacks (missing), stored names the live state lacks
+  /// (unexpected) and stored names inside skipped groups (skipped).
+  static void match_names(const detail::metadata& md, const visitor& v, load_result& result) {
+    std::unordered_set<std::string_view> stored;
+    for (const auto& t : md.tensors) stored.insert(t.name);
+    std::unordered_set<std::string_view> stored_values;
+    for (const auto& val : md.values) stored_values.insert(val.name);
     std::set<std::string_view> live;
     for (const auto& t : v.tensors()) {
       live.insert(t.name);
@@ -537,16 +579,23 @@ class checkpointer {
       live.insert(val.name);
       if (!stored_values.count(val.name)) result.missing.push_back(val.name);
     }
+    std::unordered_set<std::string_view> done;  // values appear once per rank
     auto classify = [&](const std::string& name) {
-      if (name.starts_with("__ckpt") || live.count(name)) return;
-      if (v.in_skipped_group(name)) {
-        if (std::find(result.skipped.begin(), result.skipped.end(), name) == result.skipped.end()) result.skipped.push_back(name);
-      } else if (std::find(result.unexpected.begin(), result.unexpected.end(), name) == result.unexpected.end()) {
-        result.unexpected.push_back(name);
-      }
+      if (name.starts_with("__ckpt") || live.count(name) || !done.insert(name).second) return;
+      (v.in_skipped_group(name) ? result.skipped : result.unexpected).push_back(name);
     };
     for (const auto& t : md.tensors) classify(t.name);
     for (const auto& val : md.values) classify(val.name);
+  }
+
+  /// Reads the chunks that overlap the live tensors, verifies them, and restores values.
+  void restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
+    auto& comm = policy_.communicator();
+    const std::string tag_dir = md.tag + "/";
+    std::unordered_map<std::string_view, const detail::tensor_meta*> stored;
+    for (const auto& t : md.tensors) stored.emplace(t.name, &t);
+    std::unordered_map<std::string_view, std::vector<const detail::value_meta*>> stored_values;
+    for (const auto& val : md.values) stored_values[val.name].push_back(&val);
     const std::string md_name = storage_.describe(tag_dir + std::string(detail::metadata_file));
     if (opts.strict && (!result.missing.empty() || !result.unexpected.empty())) {
       std::string msg = "checkpoint " + md.tag + " does not match the live state";
@@ -587,15 +636,26 @@ class checkpointer {
     if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
 
     // Values last: they are small, and restoring them only after every tensor verified keeps
-    // iteration counters and RNGs consistent with the weights.
-    const auto my_rank = static_cast<std::uint32_t>(comm.rank());
+    // iteration counters and RNGs consistent with the weights. They are per rank: restored
+    // rank-for-rank when the layout is the one saved, otherwise as the caller chose.
+    const auto live_topology = policy_.topology();
+    const bool same_layout = md.topology == live_topology;
+    if (!same_layout && opts.on_topology_change == topology_change::error && !v.values().empty())
+      throw error(error_kind::mismatch, "checkpoint " + md.tag + " was saved with " + to_string(md.topology) +
+                                            " and is loaded with " + to_string(live_topology) +
+                                            ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
+                                            "load_options::on_topology_change to keep_live or from_rank_0");
+    const auto my_rank = same_layout ? static_cast<std::uint32_t>(comm.rank()) : 0u;
     for (const auto& val : v.values()) {
       auto it = stored_values.find(val.name);
       if (it == stored_values.end()) continue;
+      if (!same_layout && opts.on_topology_change == topology_change::keep_live) {
+        result.kept_live.push_back(val.name);
+        continue;
+      }
       const detail::value_meta* pick = nullptr;
       for (const auto* m : it->second)
         if (m->rank == my_rank) pick = m;
-      if (!pick && md.topology.world == 1 && it->second.size() == 1) pick = it->second.front();
       if (!pick)
         throw error(error_kind::mismatch, "value " + detail::printable(val.name) + " was not saved by rank " +
                                               std::to_string(my_rank) + " (" + md_name + ")");

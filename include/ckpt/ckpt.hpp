@@ -27,6 +27,7 @@
 #include "error.hpp"
 #include "host_copy.hpp"
 #include "local.hpp"
+#include "megatron.hpp"
 #include "memory_storage.hpp"
 #include "names.hpp"
 #include "options.hpp"

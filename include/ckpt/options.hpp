@@ -44,6 +44,14 @@ struct save_options {
   bool overwrite = true;
 };
 
+/// What a load does with per-rank values (RNG states, data cursors) when the checkpoint was
+/// saved with another layout (tp, pp, dp or world size), so rank r of the save is not rank r now.
+enum class topology_change {
+  error,        ///< refuse the load (the default: silently mixing RNG streams breaks exact resume)
+  keep_live,    ///< leave every value as it is in the live state; listed in load_result::kept_live
+  from_rank_0,  ///< every rank takes rank 0's saved value (for values that are equal on all ranks)
+};
+
 /// Options of one load.
 ///
 /// @code
@@ -71,6 +79,8 @@ struct load_options {
   std::optional<tensor_ref> validation_logits{};
   double rtol = 1e-5;
   double atol = 1e-8;
+  /// Per-rank values when the layout changed since the save (see topology_change).
+  topology_change on_topology_change = topology_change::error;
 };
 
 /// What a load restored.
@@ -82,6 +92,7 @@ struct load_result {
   std::vector<std::string> missing{};     ///< live names absent from the checkpoint (non-strict)
   std::vector<std::string> unexpected{};  ///< stored names absent from the live state (non-strict)
   std::vector<std::string> skipped{};     ///< stored names left alone because their group was skipped
+  std::vector<std::string> kept_live{}; ///< values left as they were (topology_change::keep_live)
   std::uint64_t bytes_read = 0;         ///< bytes read from storage
 };
 

@@ -50,6 +50,7 @@ struct chunk_record {
 /// One per-rank value (cereal portable binary, or text for <random> types).
 struct value_record {
   std::string name;
+  std::uint32_t rank = 0;  // the rank whose value it is (gather_to_root files hold every rank's)
   std::uint64_t file_offset = 0;
   std::uint64_t size = 0;
   std::uint64_t xxh3 = 0;
@@ -126,7 +127,7 @@ inline std::string encode_index(const shard_index& idx) {
     ar(static_cast<std::uint64_t>(idx.values.size()));
     for (const auto& v : idx.values) {
       write_string(ar, v.name);
-      ar(v.file_offset, v.size, v.xxh3);
+      ar(v.rank, v.file_offset, v.size, v.xxh3);
     }
   }
   return std::move(os).str();
@@ -161,10 +162,10 @@ inline shard_index decode_index(std::span<const std::byte> bytes, const std::str
       c.slice_shape = r.shape();
       ar(c.codec, c.file_offset, c.stored_size, c.raw_size, c.xxh3);
     }
-    idx.values.resize(r.count(32, "value"));
+    idx.values.resize(r.count(36, "value"));
     for (auto& v : idx.values) {
       v.name = r.string();
-      ar(v.file_offset, v.size, v.xxh3);
+      ar(v.rank, v.file_offset, v.size, v.xxh3);
     }
   } catch (const error&) {
     throw;

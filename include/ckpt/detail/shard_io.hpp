@@ -2,6 +2,7 @@
 // Writing one rank's shard file, and reading chunks back with their checks.
 
 #include <array>
+#include <sstream>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -36,11 +37,18 @@ struct stored_tensor {
   tensor_ref ref;
 };
 
+/// A value this rank stores: its encoded bytes and the rank it belongs to.
+struct stored_value {
+  std::string name;
+  std::uint32_t rank = 0;
+  std::vector<std::byte> bytes;
+};
+
 /// Writes one shard file: header block, 4 KiB-aligned chunks, values, footer index, trailer;
 /// then fsyncs and publishes it. The storage writer discards the temporary file on failure.
 template <class S, class C, class D>
 written_shard write_shard(S& storage, const std::string& tag, const std::string& path, std::uint32_t rank,
-                          const std::vector<stored_tensor>& tensors, const std::vector<value_entry>& values,
+                          const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values,
                           const C& codec, D& device, std::uint64_t chunk_bytes) {
   static const std::array<std::byte, alignment> zeros{};
   written_shard out;
@@ -95,10 +103,9 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     }
   }
   for (const auto& v : values) {
-    const auto bytes = v.save();
-    out.index.values.push_back({v.name, pos, bytes.size(), xxh3(bytes)});
-    w.write(bytes);
-    pos += bytes.size();
+    out.index.values.push_back({v.name, v.rank, pos, v.bytes.size(), xxh3(v.bytes)});
+    w.write(v.bytes);
+    pos += v.bytes.size();
   }
   const auto index = encode_index(out.index);
   const auto index_bytes = std::as_bytes(std::span(index.data(), index.size()));
@@ -134,6 +141,89 @@ void verify_shard_file(const S& storage, const std::string& key, std::uint64_t e
   std::vector<std::byte> index(t.index_size);
   storage.read(key, t.index_offset, index);
   if (xxh3(index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
+}
+
+}  // namespace ckpt::detail
+
+namespace ckpt::detail {
+
+/// What a rank sends to the root under a gathering policy: its tensors' bytes with their
+/// geometry, and its values. The root unpacks it into buffers it owns.
+struct gathered {
+  std::vector<std::vector<std::byte>> buffers;  // owns the tensor bytes
+  std::vector<stored_tensor> tensors;
+  std::vector<stored_value> values;
+};
+
+template <class D>
+std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values, D& device) {
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(static_cast<std::uint64_t>(tensors.size()));
+    std::vector<std::byte> staging;
+    for (const auto& t : tensors) {
+      write_string(ar, t.name);
+      ar(static_cast<std::uint8_t>(t.ref.type()));
+      write_shape(ar, t.ref.shape());
+      write_shape(ar, t.ref.global_shape());
+      write_shape(ar, t.ref.global_offset());
+      staging.resize(t.ref.nbytes());
+      device.to_host(t.ref, 0, staging);
+      ar(static_cast<std::uint64_t>(staging.size()));
+      ar(cereal::binary_data(staging.data(), staging.size()));
+    }
+    ar(static_cast<std::uint64_t>(values.size()));
+    for (const auto& v : values) {
+      write_string(ar, v.name);
+      ar(v.rank, static_cast<std::uint64_t>(v.bytes.size()));
+      ar(cereal::binary_data(v.bytes.data(), v.bytes.size()));
+    }
+  }
+  return std::move(os).str();
+}
+
+inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into) {
+  const std::string where = "the tensors sent by rank " + std::to_string(from);
+  span_streambuf buf(bytes);
+  std::istream is(&buf);
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    bounded_reader r{ar, bytes.size(), where};
+    const auto n = r.count(16, "tensor");
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto name = r.string();
+      std::uint8_t t;
+      ar(t);
+      const auto dt = dtype_from_id(t);
+      if (!dt) throw error(error_kind::communication, where + ": unknown dtype");
+      auto shape = r.shape();
+      auto global = r.shape();
+      auto offset = r.shape();
+      const auto size = r.count(1, "tensor byte");
+      auto& b = into.buffers.emplace_back(size);
+      ar(cereal::binary_data(b.data(), size));
+      tensor_ref ref(*dt, std::move(shape), b.data());
+      if (ref.nbytes() != size) throw error(error_kind::communication, where + ": tensor size does not match its shape");
+      ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
+      into.tensors.push_back({std::move(name), std::move(ref)});
+    }
+    const auto m = r.count(12, "value");
+    for (std::uint64_t i = 0; i < m; ++i) {
+      stored_value v;
+      v.name = r.string();
+      std::uint64_t size;
+      ar(v.rank, size);
+      if (size > bytes.size()) throw error(error_kind::communication, where + ": value larger than the message");
+      v.bytes.resize(size);
+      ar(cereal::binary_data(v.bytes.data(), size));
+      into.values.push_back(std::move(v));
+    }
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(error_kind::communication, where + " are malformed: " + e.what());
+  }
 }
 
 }  // namespace ckpt::detail
