@@ -21,7 +21,7 @@
 //   data RNG, Adam step      v.value(...): equal on all ranks, see the comment at the load
 //
 // At tp=4 every rank writes its own mp_rank_0r/model_optim_rng.ckpt; a load at tp=2 reads, for
-// each tensor, the byte ranges of the saved slices that overlap the slice the rank now holds.
+// each tensor, only the checksummed chunks of the saved slices that overlap the slice it now holds.
 //
 //   mpirun -np 4 tensor_parallel --save DIR --steps 300 --save-at 150
 //       trains steps 1..300, saves at step 150, writes every step's loss to DIR/losses_np4.txt

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/detail/metadata.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -152,6 +153,28 @@ struct every_dtype_state {
            table == o.table;
   }
 };
+
+/// The metadata of `tag` in `mem`, chunk map included.
+inline ckpt::detail::metadata read_metadata(ckpt::memory_storage& mem, const std::string& tag) {
+  const auto& text = mem.bytes(tag + "/metadata.json");
+  auto md = ckpt::detail::decode_metadata(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "metadata.json");
+  ckpt::detail::decode_chunk_map(mem.bytes(tag + "/" + md.chunk_map.path), md, "chunk_map.bin");
+  return md;
+}
+
+/// Rewrites chunk_map.bin and metadata.json of `tag` in `mem` from `md` (which may be hostile),
+/// consistently checksummed.
+inline void write_metadata(ckpt::memory_storage& mem, ckpt::detail::metadata md, const std::string& tag) {
+  const auto map = ckpt::detail::encode_chunk_map(md);
+  md.chunk_map.size = map.size();
+  md.chunk_map.xxh3 = ckpt::detail::xxh3(map);
+  const auto text = ckpt::detail::encode_metadata(md);
+  auto to_bytes = [](const std::string& s) {
+    return std::vector<std::byte>(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+  };
+  mem.bytes(tag + "/chunk_map.bin") = to_bytes(map);
+  mem.bytes(tag + "/metadata.json") = to_bytes(text);
+}
 
 /// Runs `f` and returns the ckpt::error it throws; fails the test if it throws nothing.
 template <class F>

@@ -8,6 +8,8 @@
 #include <ckpt/detail/metadata.hpp>
 #include <ckpt/detail/region.hpp>
 
+#include <algorithm>
+
 using namespace ckpt::detail;
 
 namespace {
@@ -101,9 +103,12 @@ TEST_CASE("overlap runs copy exactly the intersection of two slices") {
 TEST_CASE("the tiling check finds gaps and overlaps and names the region") {
   const ckpt::shape_t global = {8, 6};
   auto check = [&](std::vector<std::pair<ckpt::shape_t, ckpt::shape_t>> parts) {
-    std::vector<placed_chunk> chunks;
-    for (const auto& [o, s] : parts) chunks.push_back({&o, &s, "f"});
-    check_tiling("w", global, chunks, ckpt::error_kind::invalid_argument, "");
+    chunk_table chunks;
+    chunks.ndim = 2;
+    for (const auto& [o, s] : parts) chunks.push(0, o, s, 0, 0, 0, 0, 0);
+    const std::string file = "f";
+    check_tiling("w", global, chunks, [&](std::size_t) -> const std::string& { return file; },
+                 ckpt::error_kind::invalid_argument, "");
   };
   CHECK_NOTHROW(check({{{0, 0}, {4, 6}}, {{4, 0}, {4, 6}}}));
   CHECK_NOTHROW(check({{{0, 0}, {8, 2}}, {{0, 2}, {3, 4}}, {{3, 2}, {5, 4}}}));
@@ -130,29 +135,46 @@ TEST_CASE("the tiling check finds gaps and overlaps and names the region") {
 TEST_CASE("the footer index round-trips and rejects hostile counts without allocating them") {
   shard_index idx;
   idx.rank = 3;
-  idx.chunks.push_back({"a.b", ckpt::dtype::bf16, {4, 4}, {0, 0}, {2, 4}, 0, 4096, 16, 16, 0x1234});
-  idx.values.push_back({"rng", 2, 8192, 10, 0x99});
+  auto& g = idx.tensors.emplace_back();
+  g.name = "a.b";
+  g.type = ckpt::dtype::bf16;
+  g.global_shape = {4, 4};
+  g.chunks.ndim = 2;
+  g.chunks.push(0, ckpt::shape_t{0, 0}, ckpt::shape_t{2, 4}, 0, 4096, 16, 16, 0x1234);
+  g.chunks.push(0, ckpt::shape_t{2, 0}, ckpt::shape_t{2, 4}, 0, 8192, 16, 16, 0x5678);
+  idx.values.push_back({"rng", 2, 12288, 10, 0x99});
   const auto bytes = encode_index(idx);
   const auto back = decode_index(std::as_bytes(std::span(bytes.data(), bytes.size())), "f");
   CHECK(back.rank == 3);
-  REQUIRE(back.chunks.size() == 1);
-  CHECK(back.chunks[0].name == "a.b");
-  CHECK(back.chunks[0].type == ckpt::dtype::bf16);
-  CHECK(back.chunks[0].slice_shape == ckpt::shape_t{2, 4});
-  CHECK(back.values[0].file_offset == 8192);
+  REQUIRE(back.tensors.size() == 1);
+  CHECK(back.tensors[0].name == "a.b");
+  CHECK(back.tensors[0].type == ckpt::dtype::bf16);
+  REQUIRE(back.tensors[0].chunks.size() == 2);
+  CHECK(std::ranges::equal(back.tensors[0].chunks.offset(1), ckpt::shape_t{2, 0}));
+  CHECK(std::ranges::equal(back.tensors[0].chunks.shape(1), ckpt::shape_t{2, 4}));
+  CHECK(back.tensors[0].chunks.xxh3[1] == 0x5678);
+  CHECK(back.values[0].file_offset == 12288);
   CHECK(back.values[0].rank == 2);
 
-  // Layout: 1 endianness byte, u32 version, u32 rank, u64 chunk count, ...
+  // Layout: 1 endianness byte, u32 version, u32 rank, u64 tensor count, then the first name's
+  // u64 length; after name, dtype and shape, the u64 chunk count.
   auto hostile = bytes;
   const std::uint64_t huge = std::uint64_t{1} << 60;
   std::memcpy(hostile.data() + 9, &huge, 8);
   auto e = test::catch_error([&] { decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"); });
   CHECK(e.kind() == ckpt::error_kind::corrupt);
-  CHECK(std::string(e.what()).find("chunk count") != std::string::npos);
+  CHECK(std::string(e.what()).find("tensor count") != std::string::npos);
   hostile = bytes;
   std::memcpy(hostile.data() + 17, &huge, 8);  // the first name's length
   e = test::catch_error([&] { decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"); });
   CHECK(std::string(e.what()).find("string length") != std::string::npos);
+  hostile = bytes;
+  std::memcpy(hostile.data() + 17 + 8 + 3 + 1 + 8 + 16, &huge, 8);  // the chunk count
+  e = test::catch_error([&] { decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"); });
+  CHECK(std::string(e.what()).find("chunk count") != std::string::npos);
+  hostile = bytes;
+  hostile[0] = 0;  // big-endian flag
+  CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(hostile.data(), hostile.size())), "f"), ckpt::error);
   for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
     CAPTURE(cut);
     CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(bytes.data(), cut)), "f"), ckpt::error);

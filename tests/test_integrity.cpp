@@ -14,6 +14,7 @@ using test::every_dtype_state;
 namespace {
 const std::string shard = "global_step5/mp_rank_00/model_optim_rng.ckpt";
 const std::string metadata = "global_step5/metadata.json";
+const std::string chunk_map = "global_step5/chunk_map.bin";
 
 struct fixture {
   ckpt::memory_storage mem;
@@ -79,16 +80,16 @@ TEST_CASE("a flipped bit anywhere in the shard file is caught or harmless") {
   fixture f;
   // Every byte that carries data (header, chunks, values, index, trailer), and a sample of the
   // zero padding between chunks, which carries nothing.
-  const auto& text = f.mem.bytes(metadata);
-  const auto md = ckpt::detail::decode_metadata(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "m");
+  const auto md = test::read_metadata(f.mem, "global_step5");
   const auto size = f.mem.bytes(shard).size();
   std::vector<bool> meaningful(size, false);
   for (std::size_t i = 0; i < 24; ++i) meaningful[i] = true;
   std::uint64_t end_of_chunks = 4096;
   for (const auto& t : md.tensors)
-    for (const auto& c : t.chunks) {
-      for (auto i = c.file_offset; i < c.file_offset + c.stored_size; ++i) meaningful[i] = true;
-      end_of_chunks = std::max(end_of_chunks, ckpt::detail::align_up(c.file_offset + c.stored_size));
+    for (std::size_t k = 0; k < t.chunks.size(); ++k) {
+      const auto at = t.chunks.file_offset[k], n = t.chunks.stored_size[k];
+      for (auto i = at; i < at + n; ++i) meaningful[i] = true;
+      end_of_chunks = std::max(end_of_chunks, ckpt::detail::align_up(at + n));
     }
   for (auto i = end_of_chunks; i < size; ++i) meaningful[i] = true;
   std::vector<std::size_t> positions, padding;
@@ -101,9 +102,9 @@ TEST_CASE("a flipped bit anywhere in the shard file is caught or harmless") {
   CHECK(t.detected + t.harmless == static_cast<int>(positions.size()));
 }
 
-TEST_CASE("a flipped bit anywhere in metadata.json or latest is caught") {
+TEST_CASE("a flipped bit anywhere in metadata.json, chunk_map.bin or latest is caught") {
   fixture f;
-  for (const std::string& file : {metadata, std::string("latest")}) {
+  for (const std::string& file : {metadata, chunk_map, std::string("latest")}) {
     const auto size = f.mem.bytes(file).size();
     const auto t = campaign(f, file, all_positions(size), [](std::vector<std::byte>& b, std::size_t pos) { b[pos] ^= std::byte{0x01}; });
     CHECK(t.detected == static_cast<int>(size));
@@ -112,7 +113,7 @@ TEST_CASE("a flipped bit anywhere in metadata.json or latest is caught") {
 
 TEST_CASE("truncation and appended garbage of every file are caught") {
   fixture f;
-  for (const std::string& file : {shard, metadata, std::string("latest")}) {
+  for (const std::string& file : {shard, metadata, chunk_map, std::string("latest")}) {
     const auto size = f.mem.bytes(file).size();
     std::vector<std::size_t> cuts = {0, 1, size / 2, size - 1};
     if (file == shard) cuts.insert(cuts.end(), {4096, 4100, size - 40, size - 41});
@@ -144,11 +145,10 @@ TEST_CASE("truncation and appended garbage of every file are caught") {
 TEST_CASE("a corrupt chunk names the file and the tensor") {
   fixture f;
   // Find the first chunk of 'cube' through the metadata and damage it.
-  const auto& text = f.mem.bytes(metadata);
-  const auto md = ckpt::detail::decode_metadata(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "m");
+  const auto md = test::read_metadata(f.mem, "global_step5");
   std::uint64_t at = 0;
   for (const auto& t : md.tensors)
-    if (t.name == "cube") at = t.chunks.at(0).file_offset;
+    if (t.name == "cube") at = t.chunks.file_offset.at(0);
   REQUIRE(at >= 4096);
   f.mem.bytes(shard)[at + 3] ^= std::byte{0xff};
   every_dtype_state x;
@@ -160,20 +160,18 @@ TEST_CASE("a corrupt chunk names the file and the tensor") {
 
 TEST_CASE("a metadata.json with a valid checksum but hostile contents is rejected before any allocation") {
   fixture f;
-  const auto& text = f.mem.bytes(metadata);
-  const auto original = std::string(reinterpret_cast<const char*>(text.data()), text.size());
-  const auto md0 = ckpt::detail::decode_metadata(original, "m");
+  const auto md0 = test::read_metadata(f.mem, "global_step5");
+  const auto original_md = f.mem.bytes(metadata);
+  const auto original_map = f.mem.bytes(chunk_map);
   auto rewrite = [&](auto&& change) {
     auto md = md0;
     change(md);
-    const auto s = ckpt::detail::encode_metadata(md);
-    auto& b = f.mem.bytes(metadata);
-    b.assign(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+    test::write_metadata(f.mem, md, "global_step5");
     every_dtype_state x;
     const auto e = catch_error([&] { f.cp.load(x); });
     CHECK(e.kind() == ckpt::error_kind::corrupt);
-    f.mem.bytes(metadata).assign(reinterpret_cast<const std::byte*>(original.data()),
-                                 reinterpret_cast<const std::byte*>(original.data()) + original.size());
+    f.mem.bytes(metadata) = original_md;
+    f.mem.bytes(chunk_map) = original_map;
     return std::string(e.what());
   };
   auto find = [&](ckpt::detail::metadata& md, const std::string& n) -> ckpt::detail::tensor_meta& {
@@ -181,23 +179,46 @@ TEST_CASE("a metadata.json with a valid checksum but hostile contents is rejecte
       if (t.name == n) return t;
     throw std::runtime_error("no tensor " + n);
   };
-  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].stored_size = std::uint64_t{1} << 62; }).find("lies outside") !=
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks.stored_size[0] = std::uint64_t{1} << 62; }).find("lies outside") !=
         std::string::npos);
-  CHECK(rewrite([&](auto& md) { find(md, "f64").shape = {std::uint64_t{1} << 40, std::uint64_t{1} << 40}; })
-            .find("overflows") != std::string::npos);
-  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].file = 7; }).find("file #7") != std::string::npos);
+  CHECK(rewrite([&](auto& md) {
+          auto& t = find(md, "f64");
+          t.shape = {std::uint64_t{1} << 40, std::uint64_t{1} << 40};
+          t.chunks.ndim = 2;
+          t.chunks.coords = {0, 0, 1, 37};
+        }).find("overflows") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks.file[0] = 7; }).find("file #7") != std::string::npos);
   CHECK(rewrite([&](auto& md) { md.files[0].path = "../../etc/passwd"; }).find("invalid storage key") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.chunk_map.path = "../latest"; }).find("invalid storage key") != std::string::npos);
   CHECK(rewrite([&](auto& md) { md.tag = "other"; }).find("records tag") != std::string::npos);
   CHECK(rewrite([&](auto& md) { find(md, "f64").name = "a/../b"; }).find("tensor name") != std::string::npos);
   CHECK(rewrite([&](auto& md) { md.format_version = 2; }).find("format version 2") != std::string::npos);
   CHECK(rewrite([&](auto& md) {
           auto& t = find(md, "layers.0.f32");
-          t.chunks.push_back(t.chunks[0]);
+          t.chunks.append(t.chunks, 0);
         }).find("stored twice") != std::string::npos);
-  CHECK(rewrite([&](auto& md) { find(md, "layers.0.f32").chunks.pop_back(); }).find("not stored by any shard") !=
-        std::string::npos);
-  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks[0].codec = 77; }).find("unknown codec id 77") != std::string::npos);
+  CHECK(rewrite([&](auto& md) {
+          auto& t = find(md, "layers.0.f32");
+          t.chunks.resize(t.chunks.size() - 1);
+        }).find("not stored by any shard") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { find(md, "f64").chunks.codec[0] = 77; }).find("unknown codec id 77") != std::string::npos);
   CHECK(rewrite([&](auto& md) { md.files[0].size += 1; }).find("recorded") != std::string::npos);
+  CHECK(rewrite([&](auto& md) { md.values[0].rank = 5; }).find("in a world of 1") != std::string::npos);
+  // A chunk map that disagrees with metadata.json on the number of chunks.
+  {
+    auto md = md0;
+    find(md, "f64").chunks.resize(0);
+    test::write_metadata(f.mem, md, "global_step5");
+    auto md_json = md0;  // its JSON still says f64 has one chunk
+    md_json.chunk_map = test::read_metadata(f.mem, "global_step5").chunk_map;
+    const auto s = ckpt::detail::encode_metadata(md_json);  // JSON still says the old counts
+    f.mem.bytes(metadata).assign(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+    every_dtype_state x;
+    const auto e = catch_error([&] { f.cp.load(x); });
+    CHECK(std::string(e.what()).find("chunk_map.bin holds 0 chunks") != std::string::npos);
+    f.mem.bytes(metadata) = original_md;
+    f.mem.bytes(chunk_map) = original_map;
+  }
   // Deeply nested JSON never reaches the recursive parser.
   std::string deep = std::string(100000, '[') + std::string(100000, ']');
   const auto wrapped = std::string(ckpt::detail::envelope_head) + ckpt::detail::to_hex(ckpt::detail::xxh3(deep)) +

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -48,6 +49,7 @@ namespace detail {
 template <class P>
 concept gathers = requires { requires P::gathers; };
 
+inline constexpr std::uint64_t max_gather_bytes = (std::uint64_t{1} << 31) - 1;
 inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory is a ckpt tag"
 inline constexpr std::string_view metadata_file = "metadata.json";
 inline constexpr std::string_view latest_file = "latest";
@@ -56,7 +58,7 @@ inline constexpr std::string_view validation_name = "__ckpt.validation_logits";
 inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 /// What every rank sends rank 0 after writing: its file (if any) and index.
-inline std::string encode_report(const std::optional<written_shard>& w) {
+inline std::string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
   std::ostringstream os(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive ar(os);
@@ -66,6 +68,8 @@ inline std::string encode_report(const std::optional<written_shard>& w) {
       ar(w->size, w->index_xxh3);
       write_string(ar, encode_index(w->index));
     }
+    ar(static_cast<std::uint64_t>(held.size()));
+    for (const auto& n : held) write_string(ar, n);
   }
   return std::move(os).str();
 }
@@ -75,6 +79,7 @@ struct rank_report {
   std::uint64_t size = 0;
   std::uint64_t index_xxh3 = 0;
   shard_index index;
+  std::vector<std::string> held;  // tensors the rank holds but another rank was to write
 };
 
 inline rank_report decode_report(std::span<const std::byte> b, int rank) {
@@ -84,7 +89,7 @@ inline rank_report decode_report(std::span<const std::byte> b, int rank) {
   rank_report r;
   try {
     cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader rd{ar, b.size(), where};
+    bounded_reader rd{ar, buf, where};
     bool has;
     ar(has);
     if (has) {
@@ -93,6 +98,8 @@ inline rank_report decode_report(std::span<const std::byte> b, int rank) {
       const auto idx = rd.string();
       r.index = decode_index(as_bytes(idx), where);
     }
+    r.held.resize(rd.count(8, "tensor name"));
+    for (auto& n : r.held) n = rd.string();
   } catch (const error&) {
     throw;
   } catch (const std::exception& e) {
@@ -167,6 +174,7 @@ class checkpointer {
     visitor v;
     std::vector<detail::stored_tensor> mine;
     std::vector<detail::stored_value> values;
+    std::vector<std::string> held;  // tensors this rank holds but leaves to another writer
     detail::collective(comm, [&] {
       validate_tag(tag);
       (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
@@ -176,8 +184,11 @@ class checkpointer {
         if (!device_.accepts(t.ref.where()))
           throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) +
                                                         " lives on a device this checkpointer's DevicePolicy does not "
-                                                        "handle (use ckpt::cuda::device_copy for GPU tensors)");
-        if (policy_.writes(t.name, t.ref)) mine.push_back({t.name, t.ref});
+                                                        "handle (host_copy handles host memory only)");
+        if (policy_.writes(t.name, t.ref))
+          mine.push_back({t.name, t.ref});
+        else
+          held.push_back(t.name);  // rank 0 checks that some rank did write it
       }
       if (opts.validation_logits && comm.rank() == 0) {
         if (!is_floating(opts.validation_logits->type()))
@@ -201,6 +212,22 @@ class checkpointer {
           values.clear();
         }
       });
+      // Everything passes through one gather: refuse, on every rank alike, what would not fit
+      // in a message (MPI counts are ints).
+      const std::uint64_t size = packed.size();
+      const auto sizes = comm.all_gather(std::as_bytes(std::span(&size, 1)));
+      detail::collective(comm, [&] {
+        std::uint64_t total = 0;
+        for (const auto& b : sizes) {
+          std::uint64_t n = 0;
+          std::memcpy(&n, b.data(), std::min<std::size_t>(b.size(), 8));
+          total += n;
+        }
+        if (total > detail::max_gather_bytes)
+          throw error(error_kind::invalid_argument, "gather_to_root: the state is " + std::to_string(total) +
+                                                        " bytes, more than the " + std::to_string(detail::max_gather_bytes) +
+                                                        " one gather can carry; use megatron");
+      });
       auto parts = comm.gather(detail::as_bytes(packed), 0);
       detail::collective(comm, [&] {
         for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root);
@@ -223,7 +250,7 @@ class checkpointer {
                                                       " tensors to write but no file to write them to");
       }
     });
-    const auto report = detail::encode_report(written);
+    const auto report = detail::encode_report(written, held);
     auto reports = comm.gather(detail::as_bytes(report), 0);
     detail::collective(comm, [&] {
       if (comm.rank() == 0) commit(tag, iteration, opts.config, reports);
@@ -240,27 +267,29 @@ class checkpointer {
     static_assert(detail::diagnose_checkpointable<T>());
     auto& comm = policy_.communicator();
     // Rank 0 resolves the tag and reads metadata.json once; the others receive its bytes.
-    std::string tag, text;
+    std::string tag, text, map;
     detail::collective(comm, [&] {
       if (comm.rank() == 0) {
         tag = resolve_tag(opts);
         text = read_text(tag + "/" + std::string(detail::metadata_file), detail::max_metadata_bytes);
+        const auto md = detail::decode_metadata(text, storage_.describe(tag + "/" + std::string(detail::metadata_file)));
+        map = read_text(chunk_map_key(tag, md), md.chunk_map.size);
       }
     });
     broadcast_string(comm, tag);
     broadcast_string(comm, text);
+    broadcast_string(comm, map);
     const std::string md_name = storage_.describe(tag + "/" + std::string(detail::metadata_file));
     detail::metadata md;
     load_result result;
     visitor v;
     detail::collective(comm, [&] {
       md = detail::decode_metadata(text, md_name);
+      detail::decode_chunk_map(detail::as_bytes(map), md, storage_.describe(chunk_map_key(tag, md)));
       detail::validate_metadata(md, tag, md_name);
-      for (const auto& t : md.tensors) {
-        std::vector<detail::placed_chunk> placed;
-        for (const auto& c : t.chunks) placed.push_back({&c.offset, &c.shape, md.files[c.file].path});
-        detail::check_tiling(t.name, t.shape, placed, error_kind::corrupt, md_name + ": ");
-      }
+      for (const auto& t : md.tensors)
+        detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },
+                             error_kind::corrupt, md_name + ": ");
       (void)policy_.topology();
       result.tag = tag;
       result.iteration = md.iteration;
@@ -368,6 +397,20 @@ class checkpointer {
     });
   }
 
+  /// The storage key of a tag's chunk_map.bin, its path checked before any read.
+  std::string chunk_map_key(const std::string& tag, const detail::metadata& md) const {
+    const auto where = storage_.describe(tag + "/" + std::string(detail::metadata_file));
+    try {
+      detail::check_key(md.chunk_map.path);
+    } catch (const error& e) {
+      throw error(error_kind::corrupt, where + ": " + e.what());
+    }
+    if (md.chunk_map.path.find('/') != std::string::npos || md.chunk_map.path == detail::metadata_file ||
+        md.chunk_map.path == detail::marker_file)
+      throw error(error_kind::corrupt, where + ": chunk_map names " + detail::printable(md.chunk_map.path));
+    return tag + "/" + md.chunk_map.path;
+  }
+
   bool committed(const std::string& tag) const {
     return storage_.size(tag + "/" + std::string(detail::metadata_file)).has_value();
   }
@@ -426,39 +469,50 @@ class checkpointer {
     md.iteration = iteration;
     md.topology = policy_.topology();
     md.config = cfg;
-    std::map<std::string, detail::tensor_meta> tensors;
+    std::unordered_map<std::string, std::size_t> by_name;  // tensor name -> index in md.tensors
+    std::vector<std::pair<std::string, std::size_t>> held;  // (name, rank) left to another writer
     for (std::size_t r = 0; r < reports.size(); ++r) {
       auto rep = detail::decode_report(reports[r], static_cast<int>(r));
+      for (auto& n : rep.held) held.emplace_back(std::move(n), r);
       if (!rep.path) continue;
       const auto file = static_cast<std::uint32_t>(md.files.size());
       md.files.push_back({*rep.path, rep.index.rank, rep.size, rep.index_xxh3});
-      for (auto& c : rep.index.chunks) {
-        auto [it, fresh] = tensors.try_emplace(c.name);
-        auto& t = it->second;
+      for (auto& g : rep.index.tensors) {
+        auto [it, fresh] = by_name.try_emplace(g.name, md.tensors.size());
         if (fresh) {
-          t.name = c.name;
-          t.type = c.type;
-          t.shape = c.global_shape;
-        } else if (t.type != c.type || t.shape != c.global_shape) {
-          throw error(error_kind::invalid_argument,
-                      "tensor " + detail::printable(c.name) + " is saved as " + std::string(to_string(t.type)) + " " +
-                          detail::to_string(t.shape) + " by one rank and as " + std::string(to_string(c.type)) + " " +
-                          detail::to_string(c.global_shape) + " by rank " + std::to_string(r));
+          auto& t = md.tensors.emplace_back();
+          t.name = g.name;
+          t.type = g.type;
+          t.shape = g.global_shape;
+          t.chunks.ndim = static_cast<std::uint32_t>(t.shape.size());
         }
-        t.chunks.push_back({file, std::move(c.slice_offset), std::move(c.slice_shape), c.codec, c.file_offset,
-                            c.stored_size, c.raw_size, c.xxh3});
+        auto& t = md.tensors[it->second];
+        if (t.type != g.type || t.shape != g.global_shape)
+          throw error(error_kind::invalid_argument,
+                      "tensor " + detail::printable(g.name) + " is saved as " + std::string(to_string(t.type)) + " " +
+                          detail::to_string(t.shape) + " by one rank and as " + std::string(to_string(g.type)) + " " +
+                          detail::to_string(g.global_shape) + " by rank " + std::to_string(r));
+        t.chunks.append(g.chunks, file);
       }
       for (auto& v : rep.index.values)
         md.values.push_back({std::move(v.name), v.rank, file, v.file_offset, v.size, v.xxh3});
     }
-    md.tensors.reserve(tensors.size());
-    for (auto& [name, t] : tensors) {
-      std::vector<detail::placed_chunk> placed;
-      placed.reserve(t.chunks.size());
-      for (const auto& c : t.chunks) placed.push_back({&c.offset, &c.shape, md.files[c.file].path});
-      detail::check_tiling(name, t.shape, placed, error_kind::invalid_argument, "cannot commit " + tag + ": ");
-      md.tensors.push_back(std::move(t));
-    }
+    // A tensor some rank holds must have been written by the rank the policy chose; if that rank
+    // does not hold it (the layout differs from what the policy assumes), it would vanish.
+    for (const auto& [name, r] : held)
+      if (!by_name.count(name))
+        throw error(error_kind::invalid_argument,
+                    "cannot commit " + tag + ": tensor " + detail::printable(name) + " is held by rank " + std::to_string(r) +
+                        " but no rank wrote it: the rank the shard policy chose as its writer does not declare it "
+                        "(declare it on every rank of its pipeline stage, or give it a shard_spec)");
+    std::sort(md.tensors.begin(), md.tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    for (const auto& t : md.tensors)
+      detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },
+                           error_kind::invalid_argument, "cannot commit " + tag + ": ");
+    const auto map = detail::encode_chunk_map(md);
+    md.chunk_map.size = map.size();
+    md.chunk_map.xxh3 = detail::xxh3(map);
+    write_file(tag + "/" + md.chunk_map.path, map);
     write_file(tag + "/" + std::string(detail::metadata_file), detail::encode_metadata(md));  // the commit point
     write_file(std::string(detail::latest_file), detail::encode_latest(tag));
   }
@@ -618,6 +672,15 @@ class checkpointer {
         throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) + " lives on a device the DevicePolicy does not handle");
     }
 
+    // Per-rank values decide before any byte is read whether the load can go ahead at all.
+    const auto live_topology = policy_.topology();
+    const bool same_layout = md.topology == live_topology;
+    if (!same_layout && opts.on_topology_change == topology_change::error && !v.values().empty())
+      throw error(error_kind::mismatch, "checkpoint " + md.tag + " was saved with " + to_string(md.topology) +
+                                            " and is loaded with " + to_string(live_topology) +
+                                            ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
+                                            "load_options::on_topology_change to keep_live or from_rank_0");
+
     std::set<std::uint32_t> verified_files;
     auto verify_file = [&](std::uint32_t f) {
       if (!verified_files.insert(f).second) return;
@@ -638,13 +701,6 @@ class checkpointer {
     // Values last: they are small, and restoring them only after every tensor verified keeps
     // iteration counters and RNGs consistent with the weights. They are per rank: restored
     // rank-for-rank when the layout is the one saved, otherwise as the caller chose.
-    const auto live_topology = policy_.topology();
-    const bool same_layout = md.topology == live_topology;
-    if (!same_layout && opts.on_topology_change == topology_change::error && !v.values().empty())
-      throw error(error_kind::mismatch, "checkpoint " + md.tag + " was saved with " + to_string(md.topology) +
-                                            " and is loaded with " + to_string(live_topology) +
-                                            ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
-                                            "load_options::on_topology_change to keep_live or from_rank_0");
     const auto my_rank = same_layout ? static_cast<std::uint32_t>(comm.rank()) : 0u;
     for (const auto& val : v.values()) {
       auto it = stored_values.find(val.name);
@@ -679,46 +735,47 @@ class checkpointer {
     const auto dst_off = ref.global_offset();
     const detail::region dst{dst_off, ref.shape()};
     std::uint64_t filled = 0;
-    for (const auto& c : s.chunks) {
-      const detail::region src{c.offset, c.shape};
-      if (ref.nbytes() == 0) break;
-      if (!c.shape.empty() && !detail::overlaps(src, dst)) continue;
-      verify_file(c.file);
-      const auto key = tag_dir + md.files[c.file].path;
+    const auto& c = s.chunks;
+    for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
+      const detail::region src{c.offset(i), c.shape(i)};
+      if (c.ndim != 0 && !detail::overlaps(src, dst)) continue;
+      verify_file(c.file[i]);
+      const auto key = tag_dir + md.files[c.file[i]].path;
       const auto where = [&] { return storage_.describe(key) + ", tensor " + detail::printable(name); };
+      const auto mismatch = [&] {
+        return error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset[i]));
+      };
       // Raw chunk wholly inside a host tensor as one contiguous run: read it in place.
       if constexpr (detail::has_host_view<Dev>) {
-        if (c.codec == 0 && c.stored_size == c.raw_size) {
+        if (c.codec[i] == 0 && c.stored_size[i] == c.raw_size[i]) {
           std::uint64_t runs = 0, at = 0, bytes = 0;
           detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t n) {
             ++runs;
             at = d;
             bytes = n;
           });
-          if (runs == 1 && bytes == c.raw_size) {
+          if (runs == 1 && bytes == c.raw_size[i]) {
             std::span<std::byte> target(dev.host_view(ref) + at, bytes);
-            storage_.read(key, c.file_offset, target);
+            storage_.read(key, c.file_offset[i], target);
             result.bytes_read += bytes;
-            if (detail::xxh3(target) != c.xxh3)
-              throw error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset));
+            if (detail::xxh3(target) != c.xxh3[i]) throw mismatch();
             filled += bytes;
             continue;
           }
         }
       }
-      buffer.resize(c.stored_size);
-      storage_.read(key, c.file_offset, buffer);
+      buffer.resize(c.stored_size[i]);
+      storage_.read(key, c.file_offset[i], buffer);
       result.bytes_read += buffer.size();
-      if (detail::xxh3(buffer) != c.xxh3)
-        throw error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset));
+      if (detail::xxh3(buffer) != c.xxh3[i]) throw mismatch();
       std::span<const std::byte> plain = buffer;
-      if (c.codec != 0) {
-        decoded.resize(c.raw_size);
-        decode_chunk(c.codec, buffer, s.type, decoded, where());
+      if (c.codec[i] != 0) {
+        decoded.resize(c.raw_size[i]);
+        decode_chunk(c.codec[i], buffer, s.type, decoded, where());
         plain = decoded;
-      } else if (c.stored_size != c.raw_size) {
-        throw error(error_kind::corrupt, where() + ": raw chunk of " + std::to_string(c.stored_size) + " bytes, expected " +
-                                             std::to_string(c.raw_size));
+      } else if (c.stored_size[i] != c.raw_size[i]) {
+        throw error(error_kind::corrupt, where() + ": raw chunk of " + std::to_string(c.stored_size[i]) +
+                                             " bytes, expected " + std::to_string(c.raw_size[i]));
       }
       filled += detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t from, std::uint64_t n) {
         dev.from_host(plain.subspan(from, n), ref, d);

@@ -198,7 +198,7 @@ constexpr bool diagnose_codec() {
 // ---------------------------------------------------------------------------------------------
 
 /// How tensor bytes travel between where they live and host memory. `host_copy` handles host
-/// tensors; `ckpt::cuda::device_copy` handles GPU tensors.
+/// tensors; a CUDA policy for GPU tensors is planned in `ckpt/cuda/`.
 ///
 /// @code
 /// struct my_device {

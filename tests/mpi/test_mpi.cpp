@@ -271,17 +271,19 @@ TEST_CASE("replicated tensors and data-parallel replicas are stored once, writte
   m.fill();
   cp.save(1, m);
   if (world_rank() == 0) {
-    const auto text = [&] {
-      std::ifstream f(dir.path / "global_step1" / "metadata.json");
+    auto read = [&](const char* name) {
+      std::ifstream f(dir.path / "global_step1" / name, std::ios::binary);
       return std::string(std::istreambuf_iterator<char>(f), {});
-    }();
-    const auto md = ckpt::detail::decode_metadata(text, "metadata.json");
+    };
+    auto md = ckpt::detail::decode_metadata(read("metadata.json"), "metadata.json");
+    const auto map = read("chunk_map.bin");
+    ckpt::detail::decode_chunk_map(std::as_bytes(std::span(map.data(), map.size())), md, "chunk_map.bin");
     std::map<std::uint32_t, std::uint64_t> bytes_per_file;
     for (const auto& t : md.tensors) {
       std::uint64_t stored = 0;
-      for (const auto& c : t.chunks) {
-        stored += c.raw_size;
-        bytes_per_file[c.file] += c.raw_size;
+      for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+        stored += t.chunks.raw_size[i];
+        bytes_per_file[t.chunks.file[i]] += t.chunks.raw_size[i];
       }
       CAPTURE(t.name);
       CHECK(stored == ckpt::detail::element_count(t.shape, t.name) * ckpt::size_of(t.type));  // each byte once
@@ -376,6 +378,32 @@ TEST_CASE("the commit finds a gap or an overlap between ranks' shards and names 
   }
 }
 
+TEST_CASE("a replicated tensor its chosen writer does not declare is caught at commit, not lost") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  mega cp{{.tp = w}, dir.path};
+  std::vector<float> bias(4, 1.f);
+  // Declared only on the ranks the policy does not choose as its writer.
+  const bool chosen = cp.policy().writes("lonely", ckpt::view(bias.data(), {4}).sharded(ckpt::shard_spec::replica()));
+  struct state {
+    std::vector<float>* b;
+    bool declare;
+    void checkpoint(ckpt::visitor& v) {
+      if (declare) v.tensor("lonely", ckpt::view(b->data(), {4}).sharded(ckpt::shard_spec::replica()));
+    }
+  } s{&bias, !chosen};
+  std::string msg;
+  try {
+    cp.save(1, s);
+  } catch (const ckpt::error& e) {
+    msg = e.what();
+  }
+  CAPTURE(msg);
+  CHECK(msg.find("tensor 'lonely' is held by rank") != std::string::npos);
+  CHECK(msg.find("but no rank wrote it") != std::string::npos);
+  CHECK_FALSE(cp.latest());
+}
+
 TEST_CASE("gather_to_root writes one file that loads at any layout") {
   shared_dir dir;
   const auto w = static_cast<std::uint32_t>(world_size());
@@ -389,7 +417,7 @@ TEST_CASE("gather_to_root writes one file that loads at any layout") {
     std::set<std::string> files;
     for (const auto& e : fs::recursive_directory_iterator(dir.path / "global_step7"))
       if (e.is_regular_file()) files.insert(fs::relative(e.path(), dir.path / "global_step7").string());
-    CHECK(files == std::set<std::string>{".ckpt_tag", "metadata.json", "mp_rank_00/model_optim_rng.ckpt"});
+    CHECK(files == std::set<std::string>{".ckpt_tag", "chunk_map.bin", "metadata.json", "mp_rank_00/model_optim_rng.ckpt"});
     // Same layout: values rank-for-rank.
     model_slice back({.tp = w}, coords.coordinates(), world_rank());
     cp.load(back);

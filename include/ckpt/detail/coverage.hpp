@@ -5,22 +5,18 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../error.hpp"
 #include "../names.hpp"
 #include "../tensor.hpp"
+#include "chunk_table.hpp"
 
 namespace ckpt::detail {
 
-struct placed_chunk {
-  const shape_t* offset;
-  const shape_t* shape;
-  std::string_view where;  // which file or rank, for messages
-};
-
-inline std::string region_string(const shape_t& lo, const shape_t& hi) {
+inline std::string region_string(std::span<const std::uint64_t> lo, std::span<const std::uint64_t> hi) {
   std::string s = "[";
   for (std::size_t d = 0; d < lo.size(); ++d) {
     if (d) s += ", ";
@@ -32,22 +28,24 @@ inline std::string region_string(const shape_t& lo, const shape_t& hi) {
 /// Throws an error of `kind` naming the tensor and the region when `chunks` do not tile
 /// `global` exactly once. At save a bad tiling is the caller's mistake (invalid_argument); at
 /// load it means a damaged or hostile metadata.json (corrupt).
-inline void check_tiling(const std::string& tensor, const shape_t& global, const std::vector<placed_chunk>& chunks,
-                         error_kind kind, const std::string& context) {
+/// `where(i)` names the file of chunk i for messages.
+template <class Where>
+void check_tiling(const std::string& tensor, std::span<const std::uint64_t> global, const chunk_table& chunks,
+                  Where&& where, error_kind kind, const std::string& context) {
   const std::size_t n = global.size();
   auto fail = [&](const std::string& what) {
     throw error(kind, context + "tensor " + printable(tensor) + ": " + what);
   };
   std::uint64_t total = element_count(global, "tensor " + tensor);
-  for (const auto& c : chunks) {
-    if (c.offset->size() != n || c.shape->size() != n)
-      fail("a chunk in " + std::string(c.where) + " has " + std::to_string(c.shape->size()) +
-           " dimensions, the tensor has " + std::to_string(n));
+  if (chunks.ndim != n)
+    fail("its chunks have " + std::to_string(chunks.ndim) + " dimensions, the tensor has " + std::to_string(n));
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const auto off = chunks.offset(i), shp = chunks.shape(i);
     for (std::size_t d = 0; d < n; ++d)
-      if ((*c.offset)[d] > global[d] || (*c.shape)[d] > global[d] - (*c.offset)[d]) {
+      if (off[d] > global[d] || shp[d] > global[d] - off[d]) {
         shape_t hi(n);
-        for (std::size_t e = 0; e < n; ++e) hi[e] = (*c.offset)[e] + (*c.shape)[e];
-        fail("chunk " + region_string(*c.offset, hi) + " in " + std::string(c.where) + " lies outside the global shape " +
+        for (std::size_t e = 0; e < n; ++e) hi[e] = off[e] + shp[e];
+        fail("chunk " + region_string(off, hi) + " in " + std::string(where(i)) + " lies outside the global shape " +
              to_string(global));
       }
   }
@@ -61,10 +59,11 @@ inline void check_tiling(const std::string& tensor, const shape_t& global, const
   std::vector<std::vector<std::uint64_t>> cuts(n);
   for (std::size_t d = 0; d < n; ++d) {
     cuts[d] = {0, global[d]};
-    for (const auto& c : chunks) {
-      if ((*c.shape)[d] == 0) continue;
-      cuts[d].push_back((*c.offset)[d]);
-      cuts[d].push_back((*c.offset)[d] + (*c.shape)[d]);
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const auto off = chunks.offset(i), shp = chunks.shape(i);
+      if (shp[d] == 0) continue;
+      cuts[d].push_back(off[d]);
+      cuts[d].push_back(off[d] + shp[d]);
     }
     std::sort(cuts[d].begin(), cuts[d].end());
     cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
@@ -80,14 +79,13 @@ inline void check_tiling(const std::string& tensor, const shape_t& global, const
     std::vector<std::uint64_t> stride(n, 1);
     for (std::size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * (cuts[d].size() - 1);
     for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const auto& c = chunks[i];
+      const auto off = chunks.offset(i), shp = chunks.shape(i);
       bool empty = false;
       shape_t lo(n), hi(n);
       for (std::size_t d = 0; d < n; ++d) {
-        if ((*c.shape)[d] == 0) empty = true;
-        lo[d] = static_cast<std::uint64_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), (*c.offset)[d]) - cuts[d].begin());
-        hi[d] = static_cast<std::uint64_t>(
-            std::lower_bound(cuts[d].begin(), cuts[d].end(), (*c.offset)[d] + (*c.shape)[d]) - cuts[d].begin());
+        if (shp[d] == 0) empty = true;
+        lo[d] = static_cast<std::uint64_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), off[d]) - cuts[d].begin());
+        hi[d] = static_cast<std::uint64_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), off[d] + shp[d]) - cuts[d].begin());
       }
       if (empty) continue;
       shape_t idx = lo;
@@ -95,14 +93,15 @@ inline void check_tiling(const std::string& tensor, const shape_t& global, const
         std::uint64_t cell = 0;
         for (std::size_t d = 0; d < n; ++d) cell += idx[d] * stride[d];
         if (owner[cell] >= 0) {
-          const auto& o = chunks[static_cast<std::size_t>(owner[cell])];
+          const auto j = static_cast<std::size_t>(owner[cell]);
+          const auto ooff = chunks.offset(j), oshp = chunks.shape(j);
           shape_t a(n), b(n);
           for (std::size_t d = 0; d < n; ++d) {
-            a[d] = std::max((*c.offset)[d], (*o.offset)[d]);
-            b[d] = std::min((*c.offset)[d] + (*c.shape)[d], (*o.offset)[d] + (*o.shape)[d]);
+            a[d] = std::max(off[d], ooff[d]);
+            b[d] = std::min(off[d] + shp[d], ooff[d] + oshp[d]);
           }
-          fail("region " + region_string(a, b) + " is stored twice (in " + std::string(o.where) + " and " +
-               std::string(c.where) + ")");
+          fail("region " + region_string(a, b) + " is stored twice (in " + std::string(where(j)) + " and " +
+               std::string(where(i)) + ")");
         }
         owner[cell] = static_cast<std::int64_t>(i);
         std::size_t d = n;
@@ -136,19 +135,18 @@ inline void check_tiling(const std::string& tensor, const shape_t& global, const
   // then count elements; without overlaps, full count means full coverage.
   std::vector<std::size_t> order(chunks.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return (*chunks[a].offset)[0] < (*chunks[b].offset)[0]; });
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return chunks.offset(a)[0] < chunks.offset(b)[0]; });
   std::uint64_t covered = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {
-    const auto& c = chunks[order[i]];
-    covered += element_count(*c.shape, "chunk");
+    const auto off = chunks.offset(order[i]), shp = chunks.shape(order[i]);
+    covered += element_count(shp, "chunk");
     for (std::size_t j = i + 1; j < order.size(); ++j) {
-      const auto& o = chunks[order[j]];
-      if ((*o.offset)[0] >= (*c.offset)[0] + (*c.shape)[0]) break;
+      const auto ooff = chunks.offset(order[j]), oshp = chunks.shape(order[j]);
+      if (ooff[0] >= off[0] + shp[0]) break;
       bool overlap = true;
       for (std::size_t d = 0; d < n && overlap; ++d)
-        overlap = std::max((*c.offset)[d], (*o.offset)[d]) <
-                  std::min((*c.offset)[d] + (*c.shape)[d], (*o.offset)[d] + (*o.shape)[d]);
-      if (overlap) fail("chunks in " + std::string(c.where) + " and " + std::string(o.where) + " overlap");
+        overlap = std::max(off[d], ooff[d]) < std::min(off[d] + shp[d], ooff[d] + oshp[d]);
+      if (overlap) fail("chunks in " + std::string(where(order[i])) + " and " + std::string(where(order[j])) + " overlap");
     }
   }
   if (covered != total)

@@ -17,6 +17,7 @@
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../tensor.hpp"
+#include "chunk_table.hpp"
 #include "hash.hpp"
 #include "span_stream.hpp"
 
@@ -33,18 +34,12 @@ inline constexpr std::size_t max_dims = 64;
 
 inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }
 
-/// One stored chunk: a hyperrectangle of one tensor, and where its bytes are.
-struct chunk_record {
+/// One tensor's chunks in one file (footer index) or in the whole tag (chunk_map.bin).
+struct tensor_group {
   std::string name;
   dtype type = dtype::f32;
   shape_t global_shape;
-  shape_t slice_offset;  // where the chunk starts in the global tensor
-  shape_t slice_shape;   // extent of the chunk
-  std::uint8_t codec = 0;
-  std::uint64_t file_offset = 0;
-  std::uint64_t stored_size = 0;
-  std::uint64_t raw_size = 0;
-  std::uint64_t xxh3 = 0;
+  chunk_table chunks;  // ndim == global_shape.size()
 };
 
 /// One per-rank value (cereal portable binary, or text for <random> types).
@@ -59,19 +54,22 @@ struct value_record {
 /// The footer index of one shard file.
 struct shard_index {
   std::uint32_t rank = 0;
-  std::vector<chunk_record> chunks;
+  std::vector<tensor_group> tensors;
   std::vector<value_record> values;
 };
 
 // --- bounded cereal (de)serialisation ----------------------------------------------------------
-// Counts and lengths are checked against the size of the index being parsed before anything is
-// allocated: an index of n bytes can never make ckpt allocate much more than n bytes.
+// Counts and lengths are checked against the bytes left in the input before anything is
+// allocated: n bytes of input can never make ckpt allocate much more than n bytes.
 
 struct bounded_reader {
   cereal::PortableBinaryInputArchive& ar;
-  std::uint64_t limit;  // total bytes of the encoded index
+  const span_streambuf& buf;
   const std::string& file;
 
+  [[noreturn]] void fail(const std::string& what) const {
+    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + what);
+  }
   std::uint64_t u64() {
     std::uint64_t v;
     ar(v);
@@ -79,9 +77,9 @@ struct bounded_reader {
   }
   std::uint64_t count(std::uint64_t min_bytes_each, const char* what) {
     const auto n = u64();
-    if (n > limit / (min_bytes_each ? min_bytes_each : 1))
-      throw error(error_kind::corrupt, "corrupt index in " + file + ": " + what + " count " + std::to_string(n) +
-                                           " cannot fit in " + std::to_string(limit) + " bytes");
+    if (n > buf.remaining() / (min_bytes_each ? min_bytes_each : 1))
+      fail(std::string(what) + " count " + std::to_string(n) + " cannot fit in the " + std::to_string(buf.remaining()) +
+           " bytes left");
     return n;
   }
   std::string string() {
@@ -92,21 +90,45 @@ struct bounded_reader {
   }
   shape_t shape() {
     const auto n = u64();
-    if (n > max_dims)
-      throw error(error_kind::corrupt, "corrupt index in " + file + ": " + std::to_string(n) + " dimensions");
+    if (n > max_dims) fail(std::to_string(n) + " dimensions");
     shape_t s(n);
     for (auto& e : s) e = u64();
     return s;
   }
+  /// A chunk table's columns, for tensors of `ndim` dimensions.
+  void table(chunk_table& t, std::size_t ndim) {
+    const auto n = count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk");
+    t.ndim = static_cast<std::uint32_t>(ndim);
+    t.resize(n);
+    ar(cereal::binary_data(t.file.data(), n * 4));
+    ar(cereal::binary_data(t.coords.data(), t.coords.size() * 8));
+    ar(cereal::binary_data(t.codec.data(), n));
+    ar(cereal::binary_data(t.file_offset.data(), n * 8));
+    ar(cereal::binary_data(t.stored_size.data(), n * 8));
+    ar(cereal::binary_data(t.raw_size.data(), n * 8));
+    ar(cereal::binary_data(t.xxh3.data(), n * 8));
+  }
 };
 
-inline void write_shape(cereal::PortableBinaryOutputArchive& ar, const shape_t& s) {
+inline void write_shape(cereal::PortableBinaryOutputArchive& ar, std::span<const std::uint64_t> s) {
   ar(static_cast<std::uint64_t>(s.size()));
   for (auto e : s) ar(e);
 }
 inline void write_string(cereal::PortableBinaryOutputArchive& ar, const std::string& s) {
   ar(static_cast<std::uint64_t>(s.size()));
   ar(cereal::binary_data(s.data(), s.size()));
+}
+/// Column by column, each in one bulk write.
+inline void write_table(cereal::PortableBinaryOutputArchive& ar, const chunk_table& t) {
+  const auto n = t.size();
+  ar(static_cast<std::uint64_t>(n));
+  ar(cereal::binary_data(t.file.data(), n * 4));
+  ar(cereal::binary_data(t.coords.data(), t.coords.size() * 8));
+  ar(cereal::binary_data(t.codec.data(), n));
+  ar(cereal::binary_data(t.file_offset.data(), n * 8));
+  ar(cereal::binary_data(t.stored_size.data(), n * 8));
+  ar(cereal::binary_data(t.raw_size.data(), n * 8));
+  ar(cereal::binary_data(t.xxh3.data(), n * 8));
 }
 
 /// Encodes an index as cereal portable binary (layout in docs/format.md).
@@ -115,14 +137,12 @@ inline std::string encode_index(const shard_index& idx) {
   {
     cereal::PortableBinaryOutputArchive ar(os);
     ar(format_version, idx.rank);
-    ar(static_cast<std::uint64_t>(idx.chunks.size()));
-    for (const auto& c : idx.chunks) {
-      write_string(ar, c.name);
-      ar(static_cast<std::uint8_t>(c.type));
-      write_shape(ar, c.global_shape);
-      write_shape(ar, c.slice_offset);
-      write_shape(ar, c.slice_shape);
-      ar(c.codec, c.file_offset, c.stored_size, c.raw_size, c.xxh3);
+    ar(static_cast<std::uint64_t>(idx.tensors.size()));
+    for (const auto& g : idx.tensors) {
+      write_string(ar, g.name);
+      ar(static_cast<std::uint8_t>(g.type));
+      write_shape(ar, g.global_shape);
+      write_table(ar, g.chunks);
     }
     ar(static_cast<std::uint64_t>(idx.values.size()));
     for (const auto& v : idx.values) {
@@ -143,24 +163,21 @@ inline shard_index decode_index(std::span<const std::byte> bytes, const std::str
   shard_index idx;
   try {
     cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader r{ar, bytes.size(), file};
+    bounded_reader r{ar, buf, file};
     std::uint32_t version;
     ar(version, idx.rank);
     if (version != format_version)
-      throw error(error_kind::corrupt, "index of " + file + " has format version " + std::to_string(version) +
-                                           ", this ckpt reads version " + std::to_string(format_version));
-    idx.chunks.resize(r.count(40, "chunk"));
-    for (auto& c : idx.chunks) {
-      c.name = r.string();
+      r.fail("format version " + std::to_string(version) + ", this ckpt reads version " + std::to_string(format_version));
+    idx.tensors.resize(r.count(26, "tensor"));
+    for (auto& g : idx.tensors) {
+      g.name = r.string();
       std::uint8_t t;
       ar(t);
       const auto dt = dtype_from_id(t);
-      if (!dt) throw error(error_kind::corrupt, "index of " + file + ": unknown dtype id " + std::to_string(t) + " for tensor " + c.name);
-      c.type = *dt;
-      c.global_shape = r.shape();
-      c.slice_offset = r.shape();
-      c.slice_shape = r.shape();
-      ar(c.codec, c.file_offset, c.stored_size, c.raw_size, c.xxh3);
+      if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + g.name);
+      g.type = *dt;
+      g.global_shape = r.shape();
+      r.table(g.chunks, g.global_shape.size());
     }
     idx.values.resize(r.count(36, "value"));
     for (auto& v : idx.values) {

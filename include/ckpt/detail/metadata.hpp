@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <set>
+#include <array>
+#include <cstring>
 #include <span>
 #include <sstream>
 #include <string>
@@ -26,6 +28,7 @@
 #include "../error.hpp"
 #include "../names.hpp"
 #include "../topology.hpp"
+#include "chunk_table.hpp"
 #include "format.hpp"
 #include "hash.hpp"
 #include "keys.hpp"
@@ -51,50 +54,45 @@ struct file_meta {
   }
 };
 
-struct chunk_meta {
-  std::uint32_t file = 0;  // index into metadata::files
-  shape_t offset;          // slice offset in the global tensor
-  shape_t shape;           // slice shape
-  std::uint8_t codec = 0;
-  std::uint64_t file_offset = 0;
-  std::uint64_t stored_size = 0;
-  std::uint64_t raw_size = 0;
-  std::uint64_t xxh3 = 0;
-
-  template <class A>
-  void save(A& ar) const {
-    ar(CEREAL_NVP(file), CEREAL_NVP(offset), CEREAL_NVP(shape), cereal::make_nvp("codec", static_cast<unsigned>(codec)),
-       CEREAL_NVP(file_offset), CEREAL_NVP(stored_size), CEREAL_NVP(raw_size), cereal::make_nvp("xxh3", to_hex(xxh3)));
-  }
-  template <class A>
-  void load(A& ar) {
-    unsigned c;
-    std::string h;
-    ar(CEREAL_NVP(file), CEREAL_NVP(offset), CEREAL_NVP(shape), cereal::make_nvp("codec", c), CEREAL_NVP(file_offset),
-       CEREAL_NVP(stored_size), CEREAL_NVP(raw_size), cereal::make_nvp("xxh3", h));
-    if (c > 255) throw error(error_kind::corrupt, "codec id " + std::to_string(c) + " out of range");
-    codec = static_cast<std::uint8_t>(c);
-    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad chunk checksum text " + printable(h));
-  }
-};
-
+/// One tensor: its name, dtype and global shape in metadata.json; its chunks (columns) in
+/// chunk_map.bin, where metadata.json records only how many there are.
 struct tensor_meta {
   std::string name;
   dtype type = dtype::f32;
   shape_t shape;  // global shape
-  std::vector<chunk_meta> chunks;
+  chunk_table chunks;
+  std::uint64_t chunk_count = 0;  // as metadata.json states it; chunk_map.bin must agree
 
   template <class A>
   void save(A& ar) const {
-    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", std::string(to_string(type))), CEREAL_NVP(shape), CEREAL_NVP(chunks));
+    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", std::string(to_string(type))), CEREAL_NVP(shape),
+       cereal::make_nvp("chunks", static_cast<std::uint64_t>(chunks.size())));
   }
   template <class A>
   void load(A& ar) {
     std::string t;
-    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", t), CEREAL_NVP(shape), CEREAL_NVP(chunks));
+    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", t), CEREAL_NVP(shape), cereal::make_nvp("chunks", chunk_count));
     const auto dt = dtype_from_string(t);
     if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(t) + " of tensor " + printable(name));
     type = *dt;
+  }
+};
+
+/// Where the chunk columns of every tensor are: a file in the tag directory, and its checksum.
+struct chunk_map_meta {
+  std::string path = "chunk_map.bin";
+  std::uint64_t size = 0;
+  std::uint64_t xxh3 = 0;
+
+  template <class A>
+  void save(A& ar) const {
+    ar(CEREAL_NVP(path), CEREAL_NVP(size), cereal::make_nvp("xxh3", to_hex(xxh3)));
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string h;
+    ar(CEREAL_NVP(path), CEREAL_NVP(size), cereal::make_nvp("xxh3", h));
+    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad chunk_map checksum text " + printable(h));
   }
 };
 
@@ -129,11 +127,12 @@ struct metadata {
   std::vector<file_meta> files;
   std::vector<tensor_meta> tensors;
   std::vector<value_meta> values;
+  chunk_map_meta chunk_map;
 
   template <class A>
   void serialize(A& ar) {
     ar(CEREAL_NVP(format_version), CEREAL_NVP(tag), CEREAL_NVP(iteration), CEREAL_NVP(topology), CEREAL_NVP(config),
-       CEREAL_NVP(files), CEREAL_NVP(tensors), CEREAL_NVP(values));
+       CEREAL_NVP(files), CEREAL_NVP(tensors), CEREAL_NVP(values), CEREAL_NVP(chunk_map));
   }
 };
 
@@ -236,19 +235,31 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
     } catch (const error& e) {
       fail(e.what());
     }
-    for (const auto& c : t.chunks) {
-      if (c.file >= md.files.size()) fail("tensor " + printable(t.name) + " has a chunk in file #" + std::to_string(c.file) + " of " + std::to_string(md.files.size()));
-      if (c.offset.size() != t.shape.size() || c.shape.size() != t.shape.size())
-        fail("tensor " + printable(t.name) + " has a chunk of the wrong rank");
-      for (std::size_t d = 0; d < t.shape.size(); ++d)
-        if (c.offset[d] > t.shape[d] || c.shape[d] > t.shape[d] - c.offset[d])
+    const auto& c = t.chunks;
+    if (c.ndim != t.shape.size() || c.size() != t.chunk_count)
+      fail("tensor " + printable(t.name) + ": chunk_map.bin holds " + std::to_string(c.size()) + " chunks of rank " +
+           std::to_string(c.ndim) + ", metadata.json says " + std::to_string(t.chunk_count) + " of rank " +
+           std::to_string(t.shape.size()));
+    const auto elem = size_of(t.type);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      if (c.file[i] >= md.files.size())
+        fail("tensor " + printable(t.name) + " has a chunk in file #" + std::to_string(c.file[i]) + " of " +
+             std::to_string(md.files.size()));
+      const auto off = c.offset(i), shp = c.shape(i);
+      std::uint64_t elems = 1;
+      for (std::size_t d = 0; d < t.shape.size(); ++d) {
+        if (off[d] > t.shape[d] || shp[d] > t.shape[d] - off[d])
           fail("tensor " + printable(t.name) + " has a chunk outside its shape " + to_string(t.shape));
-      if (c.raw_size != element_count(c.shape, t.name) * size_of(t.type))
-        fail("tensor " + printable(t.name) + ": chunk raw size " + std::to_string(c.raw_size) + " does not match its shape " + to_string(c.shape));
-      const auto fsize = md.files[c.file].size;
-      if (c.file_offset > fsize || c.stored_size > fsize - c.file_offset)
-        fail("tensor " + printable(t.name) + ": chunk [" + std::to_string(c.file_offset) + ", +" + std::to_string(c.stored_size) +
-             ") lies outside " + md.files[c.file].path + " (" + std::to_string(fsize) + " bytes)");
+        elems *= shp[d];  // cannot overflow: each extent is within the checked global shape
+      }
+      if (c.raw_size[i] != elems * elem)
+        fail("tensor " + printable(t.name) + ": chunk raw size " + std::to_string(c.raw_size[i]) +
+             " does not match its shape " + to_string(shp));
+      const auto fsize = md.files[c.file[i]].size;
+      if (c.file_offset[i] > fsize || c.stored_size[i] > fsize - c.file_offset[i])
+        fail("tensor " + printable(t.name) + ": chunk [" + std::to_string(c.file_offset[i]) + ", +" +
+             std::to_string(c.stored_size[i]) + ") lies outside " + md.files[c.file[i]].path + " (" +
+             std::to_string(fsize) + " bytes)");
     }
   }
   std::set<std::pair<std::string_view, std::uint32_t>> value_keys;
@@ -264,6 +275,55 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
     if (v.file_offset > fsize || v.size > fsize - v.file_offset)
       fail("value " + printable(v.name) + " lies outside " + md.files[v.file].path);
   }
+}
+
+// --- chunk_map.bin --------------------------------------------------------------------------------
+// "CKPTCMAP", u32 version, u32 flags (0), then cereal portable binary: u64 tensor count, and for
+// each tensor of metadata.json, in its order, the chunk columns (write_table). Its size and
+// XXH3-64 are recorded in metadata.json, which is written after it.
+
+inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C', 'M', 'A', 'P'};
+
+inline std::string encode_chunk_map(const metadata& md) {
+  std::ostringstream os(std::ios::binary);
+  std::array<std::byte, 16> head{};
+  std::memcpy(head.data(), chunk_map_magic.data(), 8);
+  put_u32(head.data() + 8, format_version);
+  os.write(reinterpret_cast<const char*>(head.data()), head.size());
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(static_cast<std::uint64_t>(md.tensors.size()));
+    for (const auto& t : md.tensors) write_table(ar, t.chunks);
+  }
+  return std::move(os).str();
+}
+
+/// Fills the chunk tables of `md` (whose JSON part is already parsed) from chunk_map.bin.
+inline void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, const std::string& file) {
+  const auto fail = [&](const std::string& why) { throw error(error_kind::corrupt, file + ": " + why); };
+  if (bytes.size() != md.chunk_map.size)
+    fail("has " + std::to_string(bytes.size()) + " bytes, metadata.json recorded " + std::to_string(md.chunk_map.size));
+  if (xxh3(bytes) != md.chunk_map.xxh3) fail("checksum mismatch");
+  if (bytes.size() < 17 || std::memcmp(bytes.data(), chunk_map_magic.data(), 8) != 0) fail("not a ckpt chunk map (bad magic)");
+  if (get_u32(bytes.data() + 8) != format_version || get_u32(bytes.data() + 12) != 0) fail("bad version or flags");
+  const auto body = bytes.subspan(16);
+  if (body[0] != std::byte{1}) fail("bad byte-order flag");
+  span_streambuf buf(body);
+  std::istream is(&buf);
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    bounded_reader r{ar, buf, file};
+    if (r.u64() != md.tensors.size()) fail("tensor count differs from metadata.json");
+    for (auto& t : md.tensors) {
+      if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has too many dimensions");
+      r.table(t.chunks, t.shape.size());
+    }
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(std::string("malformed: ") + e.what());
+  }
+  if (buf.remaining() != 0) fail(std::to_string(buf.remaining()) + " stray bytes at its end");
 }
 
 // --- latest ---------------------------------------------------------------------------------------

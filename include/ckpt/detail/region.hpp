@@ -2,7 +2,9 @@
 // Hyperrectangle arithmetic: where two slices of a global tensor overlap, and the contiguous
 // byte runs that copy one into the other. Resharding and chunked loads both rest on this.
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "../tensor.hpp"
@@ -11,8 +13,8 @@ namespace ckpt::detail {
 
 /// A slice of a global tensor: `offset` and `shape` have one entry per dimension.
 struct region {
-  const shape_t& offset;
-  const shape_t& shape;
+  std::span<const std::uint64_t> offset;
+  std::span<const std::uint64_t> shape;
 };
 
 /// True when the two slices share at least one element.

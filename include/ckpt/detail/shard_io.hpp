@@ -67,6 +67,12 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   for (const auto& t : tensors) {
     const auto elem = size_of(t.ref.type());
     const auto base = t.ref.global_offset();
+    auto& group = out.index.tensors.emplace_back();
+    group.name = t.name;
+    group.type = t.ref.type();
+    group.global_shape = t.ref.global_shape();
+    group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
+    shape_t global_offset(base.size());
     for (const auto& c : split_into_chunks(t.ref.shape(), elem, chunk_bytes)) {
       std::span<const std::byte> src;
       if constexpr (direct) {
@@ -81,25 +87,14 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         encoded.resize(codec.max_encoded_size(src.size()));
         enc = std::span<const std::byte>(encoded.data(), codec.encode(src, t.ref.type(), encoded));
       }
-      chunk_record rec;
-      rec.name = t.name;
-      rec.type = t.ref.type();
-      rec.global_shape = t.ref.global_shape();
-      rec.slice_offset = c.offset;
-      for (std::size_t d = 0; d < base.size(); ++d) rec.slice_offset[d] += base[d];
-      rec.slice_shape = c.shape;
-      rec.codec = C::id;
-      rec.file_offset = pos;
-      rec.stored_size = enc.size();
-      rec.raw_size = c.bytes;
-      rec.xxh3 = xxh3(enc);
+      for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + c.offset[d];
+      group.chunks.push(0, global_offset, c.shape, C::id, pos, enc.size(), c.bytes, xxh3(enc));
       w.write(enc);
       pos += enc.size();
       if (const auto pad = align_up(pos) - pos; pad) {
         w.write(std::span<const std::byte>(zeros.data(), pad));
         pos += pad;
       }
-      out.index.chunks.push_back(std::move(rec));
     }
   }
   for (const auto& v : values) {
@@ -189,7 +184,7 @@ inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered&
   std::istream is(&buf);
   try {
     cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader r{ar, bytes.size(), where};
+    bounded_reader r{ar, buf, where};
     const auto n = r.count(16, "tensor");
     for (std::uint64_t i = 0; i < n; ++i) {
       auto name = r.string();

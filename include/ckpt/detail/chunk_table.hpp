@@ -1,0 +1,66 @@
+#pragma once
+// The chunks of one tensor, stored column by column. A checkpoint of thousands of ranks holds
+// millions of chunks; keeping each field in one flat array (no allocation per chunk) is what
+// lets rank 0 merge, check and write them, and every rank read and plan them, in about a
+// second. The same columns are what the footer index and chunk_map.bin store.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ckpt::detail {
+
+struct chunk_table {
+  std::uint32_t ndim = 0;
+  std::vector<std::uint32_t> file;         // index into metadata::files (0 in a footer index)
+  std::vector<std::uint64_t> coords;       // per chunk: offset[ndim], then shape[ndim]
+  std::vector<std::uint8_t> codec;
+  std::vector<std::uint64_t> file_offset;  // where the stored bytes start in the file
+  std::vector<std::uint64_t> stored_size;
+  std::vector<std::uint64_t> raw_size;
+  std::vector<std::uint64_t> xxh3;         // of the stored bytes
+
+  std::size_t size() const noexcept { return codec.size(); }
+  std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {coords.data() + 2 * ndim * i, ndim}; }
+  std::span<const std::uint64_t> shape(std::size_t i) const noexcept {
+    return {coords.data() + 2 * ndim * i + ndim, ndim};
+  }
+
+  void push(std::uint32_t f, std::span<const std::uint64_t> off, std::span<const std::uint64_t> shp, std::uint8_t c,
+            std::uint64_t at, std::uint64_t stored, std::uint64_t raw, std::uint64_t hash) {
+    file.push_back(f);
+    coords.insert(coords.end(), off.begin(), off.end());
+    coords.insert(coords.end(), shp.begin(), shp.end());
+    codec.push_back(c);
+    file_offset.push_back(at);
+    stored_size.push_back(stored);
+    raw_size.push_back(raw);
+    xxh3.push_back(hash);
+  }
+
+  /// Appends every chunk of `other` (same ndim), recording them as being in file `f`.
+  void append(const chunk_table& other, std::uint32_t f) {
+    file.insert(file.end(), other.size(), f);
+    coords.insert(coords.end(), other.coords.begin(), other.coords.end());
+    codec.insert(codec.end(), other.codec.begin(), other.codec.end());
+    file_offset.insert(file_offset.end(), other.file_offset.begin(), other.file_offset.end());
+    stored_size.insert(stored_size.end(), other.stored_size.begin(), other.stored_size.end());
+    raw_size.insert(raw_size.end(), other.raw_size.begin(), other.raw_size.end());
+    xxh3.insert(xxh3.end(), other.xxh3.begin(), other.xxh3.end());
+  }
+
+  void resize(std::size_t n) {
+    file.resize(n);
+    coords.resize(n * 2 * ndim);
+    codec.resize(n);
+    file_offset.resize(n);
+    stored_size.resize(n);
+    raw_size.resize(n);
+    xxh3.resize(n);
+  }
+
+  /// Bytes one chunk takes in the binary encodings (index, chunk_map.bin).
+  static std::uint64_t encoded_bytes_per_chunk(std::uint64_t ndim) noexcept { return 4 + 16 * ndim + 1 + 32; }
+};
+
+}  // namespace ckpt::detail
