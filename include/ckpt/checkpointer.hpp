@@ -20,6 +20,7 @@
 #include "concepts.hpp"
 #include "config.hpp"
 #include "detail/collective.hpp"
+#include "detail/commit.hpp"
 #include "detail/coverage.hpp"
 #include "detail/format.hpp"
 #include "detail/hash.hpp"
@@ -54,59 +55,6 @@ inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory
 inline constexpr std::string_view metadata_file = "metadata.json";
 inline constexpr std::string_view latest_file = "latest";
 inline constexpr std::string_view validation_name = "__ckpt.validation_logits";
-
-inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
-
-/// What every rank sends rank 0 after writing: its file (if any) and index.
-inline std::string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(w.has_value());
-    if (w) {
-      write_string(ar, w->path);
-      ar(w->size, w->index_xxh3);
-      write_string(ar, encode_index(w->index));
-    }
-    ar(static_cast<std::uint64_t>(held.size()));
-    for (const auto& n : held) write_string(ar, n);
-  }
-  return std::move(os).str();
-}
-
-struct rank_report {
-  std::optional<std::string> path;
-  std::uint64_t size = 0;
-  std::uint64_t index_xxh3 = 0;
-  shard_index index;
-  std::vector<std::string> held;  // tensors the rank holds but another rank was to write
-};
-
-inline rank_report decode_report(std::span<const std::byte> b, int rank) {
-  const std::string where = "the report of rank " + std::to_string(rank);
-  span_streambuf buf(b);
-  std::istream is(&buf);
-  rank_report r;
-  try {
-    cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader rd{ar, buf, where};
-    bool has;
-    ar(has);
-    if (has) {
-      r.path = rd.string();
-      ar(r.size, r.index_xxh3);
-      const auto idx = rd.string();
-      r.index = decode_index(as_bytes(idx), where);
-    }
-    r.held.resize(rd.count(8, "tensor name"));
-    for (auto& n : r.held) n = rd.string();
-  } catch (const error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw error(error_kind::communication, where + " is malformed: " + e.what());
-  }
-  return r;
-}
 
 inline std::string join(const std::vector<std::string>& v, std::size_t max_shown = 50) {
   std::string s;
@@ -464,51 +412,7 @@ class checkpointer {
   /// Rank 0: merge the ranks' indexes, check the tiling, write metadata.json, then latest.
   void commit(const std::string& tag, std::uint64_t iteration, const config& cfg,
               const std::vector<std::vector<std::byte>>& reports) {
-    detail::metadata md;
-    md.tag = tag;
-    md.iteration = iteration;
-    md.topology = policy_.topology();
-    md.config = cfg;
-    std::unordered_map<std::string, std::size_t> by_name;  // tensor name -> index in md.tensors
-    std::vector<std::pair<std::string, std::size_t>> held;  // (name, rank) left to another writer
-    for (std::size_t r = 0; r < reports.size(); ++r) {
-      auto rep = detail::decode_report(reports[r], static_cast<int>(r));
-      for (auto& n : rep.held) held.emplace_back(std::move(n), r);
-      if (!rep.path) continue;
-      const auto file = static_cast<std::uint32_t>(md.files.size());
-      md.files.push_back({*rep.path, rep.index.rank, rep.size, rep.index_xxh3});
-      for (auto& g : rep.index.tensors) {
-        auto [it, fresh] = by_name.try_emplace(g.name, md.tensors.size());
-        if (fresh) {
-          auto& t = md.tensors.emplace_back();
-          t.name = g.name;
-          t.type = g.type;
-          t.shape = g.global_shape;
-          t.chunks.ndim = static_cast<std::uint32_t>(t.shape.size());
-        }
-        auto& t = md.tensors[it->second];
-        if (t.type != g.type || t.shape != g.global_shape)
-          throw error(error_kind::invalid_argument,
-                      "tensor " + detail::printable(g.name) + " is saved as " + std::string(to_string(t.type)) + " " +
-                          detail::to_string(t.shape) + " by one rank and as " + std::string(to_string(g.type)) + " " +
-                          detail::to_string(g.global_shape) + " by rank " + std::to_string(r));
-        t.chunks.append(g.chunks, file);
-      }
-      for (auto& v : rep.index.values)
-        md.values.push_back({std::move(v.name), v.rank, file, v.file_offset, v.size, v.xxh3});
-    }
-    // A tensor some rank holds must have been written by the rank the policy chose; if that rank
-    // does not hold it (the layout differs from what the policy assumes), it would vanish.
-    for (const auto& [name, r] : held)
-      if (!by_name.count(name))
-        throw error(error_kind::invalid_argument,
-                    "cannot commit " + tag + ": tensor " + detail::printable(name) + " is held by rank " + std::to_string(r) +
-                        " but no rank wrote it: the rank the shard policy chose as its writer does not declare it "
-                        "(declare it on every rank of its pipeline stage, or give it a shard_spec)");
-    std::sort(md.tensors.begin(), md.tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    for (const auto& t : md.tensors)
-      detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },
-                           error_kind::invalid_argument, "cannot commit " + tag + ": ");
+    auto md = detail::merge_reports(tag, iteration, policy_.topology(), cfg, reports);
     const auto map = detail::encode_chunk_map(md);
     md.chunk_map.size = map.size();
     md.chunk_map.xxh3 = detail::xxh3(map);

@@ -49,6 +49,16 @@ struct chunk_table {
     xxh3.insert(xxh3.end(), other.xxh3.begin(), other.xxh3.end());
   }
 
+  void reserve(std::size_t n) {
+    file.reserve(n);
+    coords.reserve(n * 2 * ndim);
+    codec.reserve(n);
+    file_offset.reserve(n);
+    stored_size.reserve(n);
+    raw_size.reserve(n);
+    xxh3.reserve(n);
+  }
+
   void resize(std::size_t n) {
     file.resize(n);
     coords.resize(n * 2 * ndim);

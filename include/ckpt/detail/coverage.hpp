@@ -78,17 +78,17 @@ void check_tiling(const std::string& tensor, std::span<const std::uint64_t> glob
     std::vector<std::int64_t> owner(cells, -1);
     std::vector<std::uint64_t> stride(n, 1);
     for (std::size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * (cuts[d].size() - 1);
+    shape_t lo(n), hi(n), idx(n);  // reused for every chunk
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       const auto off = chunks.offset(i), shp = chunks.shape(i);
       bool empty = false;
-      shape_t lo(n), hi(n);
       for (std::size_t d = 0; d < n; ++d) {
         if (shp[d] == 0) empty = true;
         lo[d] = static_cast<std::uint64_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), off[d]) - cuts[d].begin());
         hi[d] = static_cast<std::uint64_t>(std::lower_bound(cuts[d].begin(), cuts[d].end(), off[d] + shp[d]) - cuts[d].begin());
       }
       if (empty) continue;
-      shape_t idx = lo;
+      idx = lo;
       for (;;) {
         std::uint64_t cell = 0;
         for (std::size_t d = 0; d < n; ++d) cell += idx[d] * stride[d];

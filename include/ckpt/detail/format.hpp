@@ -95,18 +95,34 @@ struct bounded_reader {
     for (auto& e : s) e = u64();
     return s;
   }
-  /// A chunk table's columns, for tensors of `ndim` dimensions.
-  void table(chunk_table& t, std::size_t ndim) {
+  /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
+  /// Returns the number of chunks read.
+  std::size_t table(chunk_table& t, std::size_t ndim) {
     const auto n = count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk");
     t.ndim = static_cast<std::uint32_t>(ndim);
-    t.resize(n);
-    ar(cereal::binary_data(t.file.data(), n * 4));
-    ar(cereal::binary_data(t.coords.data(), t.coords.size() * 8));
-    ar(cereal::binary_data(t.codec.data(), n));
-    ar(cereal::binary_data(t.file_offset.data(), n * 8));
-    ar(cereal::binary_data(t.stored_size.data(), n * 8));
-    ar(cereal::binary_data(t.raw_size.data(), n * 8));
-    ar(cereal::binary_data(t.xxh3.data(), n * 8));
+    const auto old = t.size();
+    t.resize(old + n);
+    ar(cereal::binary_data(t.file.data() + old, n * 4));
+    ar(cereal::binary_data(t.coords.data() + old * 2 * ndim, n * 2 * ndim * 8));
+    ar(cereal::binary_data(t.codec.data() + old, n));
+    ar(cereal::binary_data(t.file_offset.data() + old, n * 8));
+    ar(cereal::binary_data(t.stored_size.data() + old, n * 8));
+    ar(cereal::binary_data(t.raw_size.data() + old, n * 8));
+    ar(cereal::binary_data(t.xxh3.data() + old, n * 8));
+    return n;
+  }
+  /// Reads a string into `s`, reusing its capacity.
+  void string_into(std::string& s) {
+    const auto n = count(1, "string length");
+    s.resize(n);
+    ar(cereal::binary_data(s.data(), n));
+  }
+  /// Reads a shape into `s`, reusing its capacity.
+  void shape_into(shape_t& s) {
+    const auto n = u64();
+    if (n > max_dims) fail(std::to_string(n) + " dimensions");
+    s.resize(n);
+    for (auto& e : s) e = u64();
   }
 };
 
@@ -153,36 +169,44 @@ inline std::string encode_index(const shard_index& idx) {
   return std::move(os).str();
 }
 
-/// Parses an index; every malformed input is a `corrupt` error naming `file`.
-inline shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
+/// Parses an index, streaming: `group(name, dtype, global_shape, reader)` is called for each
+/// tensor and must read its chunk columns with `reader.table(...)`; `value(record)` for each
+/// value. Names and shapes live in buffers reused from group to group, so merging thousands of
+/// indexes allocates nothing per tensor. Returns the writing rank. Every malformed input is a
+/// `corrupt` error naming `file`.
+template <class Group, class Value>
+std::uint32_t parse_index(std::span<const std::byte> bytes, const std::string& file, Group&& group, Value&& value) {
   // cereal byte-swaps everything when this flag says big-endian; ckpt only writes 1.
   if (bytes.empty() || bytes[0] != std::byte{1})
     throw error(error_kind::corrupt, "corrupt index in " + file + ": bad byte-order flag");
   span_streambuf buf(bytes);
   std::istream is(&buf);
-  shard_index idx;
+  std::uint32_t rank = 0;
   try {
     cereal::PortableBinaryInputArchive ar(is);
     bounded_reader r{ar, buf, file};
     std::uint32_t version;
-    ar(version, idx.rank);
+    ar(version, rank);
     if (version != format_version)
       r.fail("format version " + std::to_string(version) + ", this ckpt reads version " + std::to_string(format_version));
-    idx.tensors.resize(r.count(26, "tensor"));
-    for (auto& g : idx.tensors) {
-      g.name = r.string();
+    const auto groups = r.count(26, "tensor");
+    std::string name;
+    shape_t shape;
+    for (std::uint64_t i = 0; i < groups; ++i) {
+      r.string_into(name);
       std::uint8_t t;
       ar(t);
       const auto dt = dtype_from_id(t);
-      if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + g.name);
-      g.type = *dt;
-      g.global_shape = r.shape();
-      r.table(g.chunks, g.global_shape.size());
+      if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + name);
+      r.shape_into(shape);
+      group(std::string_view(name), *dt, static_cast<const shape_t&>(shape), r);
     }
-    idx.values.resize(r.count(36, "value"));
-    for (auto& v : idx.values) {
+    const auto values = r.count(36, "value");
+    for (std::uint64_t i = 0; i < values; ++i) {
+      value_record v;
       v.name = r.string();
       ar(v.rank, v.file_offset, v.size, v.xxh3);
+      value(std::move(v));
     }
   } catch (const error&) {
     throw;
@@ -191,6 +215,22 @@ inline shard_index decode_index(std::span<const std::byte> bytes, const std::str
   }
   if (buf.remaining() != 0)
     throw error(error_kind::corrupt, "corrupt index in " + file + ": " + std::to_string(buf.remaining()) + " stray bytes at its end");
+  return rank;
+}
+
+/// Parses a whole index into memory (for tools and tests; the commit streams with parse_index).
+inline shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
+  shard_index idx;
+  idx.rank = parse_index(
+      bytes, file,
+      [&](std::string_view name, dtype t, const shape_t& shape, bounded_reader& r) {
+        auto& g = idx.tensors.emplace_back();
+        g.name = std::string(name);
+        g.type = t;
+        g.global_shape = shape;
+        r.table(g.chunks, shape.size());
+      },
+      [&](value_record&& v) { idx.values.push_back(std::move(v)); });
   return idx;
 }
 

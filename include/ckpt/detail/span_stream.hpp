@@ -16,6 +16,12 @@ class span_streambuf : public std::streambuf {
   }
   /// Bytes not yet consumed.
   std::size_t remaining() const { return static_cast<std::size_t>(egptr() - gptr()); }
+  /// The next `n` bytes, consumed without copying (n must not exceed remaining()).
+  std::span<const std::byte> take(std::size_t n) {
+    const auto* p = reinterpret_cast<const std::byte*>(gptr());
+    gbump(static_cast<int>(n));
+    return {p, n};
+  }
 };
 
 }  // namespace ckpt::detail
