@@ -221,7 +221,13 @@ class checkpointer {
         tag = resolve_tag(opts);
         text = read_text(tag + "/" + std::string(detail::metadata_file), detail::max_metadata_bytes);
         const auto md = detail::decode_metadata(text, storage_.describe(tag + "/" + std::string(detail::metadata_file)));
-        map = read_text(chunk_map_key(tag, md), md.chunk_map.size);
+        // chunk_map.bin belongs to a committed tag: missing or resized, it is damage.
+        const auto key = chunk_map_key(tag, md);
+        const auto size = storage_.size(key);
+        if (!size || *size != md.chunk_map.size)
+          throw error(error_kind::corrupt, storage_.describe(key) + (size ? " has " + std::to_string(*size) + " bytes" : " is missing") +
+                                               ", metadata.json recorded " + std::to_string(md.chunk_map.size));
+        map = read_text(key, md.chunk_map.size);
       }
     });
     broadcast_string(comm, tag);

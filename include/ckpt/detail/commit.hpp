@@ -55,27 +55,16 @@ struct rank_report {
 };
 
 inline rank_report decode_report(std::span<const std::byte> b, int rank) {
-  const std::string where = "the report of rank " + std::to_string(rank);
-  span_streambuf buf(b);
-  std::istream is(&buf);
+  bounded_reader rd(b, "the report of rank " + std::to_string(rank), error_kind::communication);
   rank_report r;
-  try {
-    cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader rd{ar, buf, where};
-    bool has;
-    ar(has);
-    if (has) {
-      r.path = rd.string();
-      ar(r.size, r.index_xxh3);
-      r.index = buf.take(rd.count(1, "index byte"));
-    }
-    r.held.resize(rd.count(8, "tensor name"));
-    for (auto& n : r.held) n = rd.string();
-  } catch (const error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw error(error_kind::communication, where + " is malformed: " + e.what());
+  if (rd.u8() != 0) {
+    r.path = rd.string();
+    r.size = rd.u64();
+    r.index_xxh3 = rd.u64();
+    r.index = rd.take(rd.count(1, "index byte"));
   }
+  r.held.resize(rd.count(8, "tensor name"));
+  for (auto& n : r.held) n = rd.string();
   return r;
 }
 
@@ -133,7 +122,8 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
       throw error(error_kind::invalid_argument,
                   "cannot commit " + tag + ": tensor " + printable(name) + " is held by rank " + std::to_string(r) +
                       " but no rank wrote it: the rank the shard policy chose as its writer does not declare it "
-                      "(declare it on every rank of its pipeline stage, or give it a shard_spec)");
+                      "(megatron: declare it on every rank of its pipeline stage or give it a shard_spec; "
+                      "gather_to_root: declare it on rank 0)");
   std::sort(md.tensors.begin(), md.tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (const auto& t : md.tensors)
     check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },

@@ -58,42 +58,87 @@ struct shard_index {
   std::vector<value_record> values;
 };
 
-// --- bounded cereal (de)serialisation ----------------------------------------------------------
-// Counts and lengths are checked against the bytes left in the input before anything is
-// allocated: n bytes of input can never make ckpt allocate much more than n bytes.
+// --- bounded reading ---------------------------------------------------------------------------
+// ckpt writes its binary records with cereal's PortableBinary archive: a leading byte-order flag
+// (1, little-endian), then fixed-width little-endian integers and raw byte blocks. It reads them
+// back with this cursor instead of cereal's stream-based archive: the layout is the same, but a
+// commit at thousands of ranks parses millions of records, and direct reads from memory are
+// several times faster than an istream call per field. Every count and length is checked
+// against the bytes left before anything is allocated, so n bytes of input can never make ckpt
+// allocate much more than n bytes.
 
-struct bounded_reader {
-  cereal::PortableBinaryInputArchive& ar;
-  const span_streambuf& buf;
-  const std::string& file;
+class bounded_reader {
+ public:
+  /// Reads `in`, which must start with cereal's byte-order flag 1. `kind` is the error kind of
+  /// malformed input (corrupt for files, communication for messages between ranks).
+  bounded_reader(std::span<const std::byte> in, std::string file, error_kind kind = error_kind::corrupt)
+      : in_(in), file_(std::move(file)), kind_(kind) {
+    if (in_.empty() || in_[0] != std::byte{1}) fail("bad byte-order flag");
+    pos_ = 1;
+  }
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + what);
+    throw error(kind_, (kind_ == error_kind::corrupt ? "corrupt " : "malformed ") + file_ + ": " + what);
+  }
+  std::size_t remaining() const noexcept { return in_.size() - pos_; }
+
+  void copy(void* out, std::size_t n) {
+    if (n > remaining()) fail("ends early (needed " + std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left)");
+    if (n) std::memcpy(out, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  std::uint8_t u8() {
+    std::uint8_t v;
+    copy(&v, 1);
+    return v;
+  }
+  std::uint32_t u32() {
+    std::uint32_t v;
+    copy(&v, 4);
+    return v;
   }
   std::uint64_t u64() {
     std::uint64_t v;
-    ar(v);
+    copy(&v, 8);
     return v;
   }
+  /// The next `n` bytes, without copying.
+  std::span<const std::byte> take(std::uint64_t n) {
+    if (n > remaining()) fail("ends early");
+    const auto out = in_.subspan(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  /// A count of items of at least `min_bytes_each` bytes, checked against the bytes left.
   std::uint64_t count(std::uint64_t min_bytes_each, const char* what) {
     const auto n = u64();
-    if (n > buf.remaining() / (min_bytes_each ? min_bytes_each : 1))
-      fail(std::string(what) + " count " + std::to_string(n) + " cannot fit in the " + std::to_string(buf.remaining()) +
+    if (n > remaining() / (min_bytes_each ? min_bytes_each : 1))
+      fail(std::string(what) + " count " + std::to_string(n) + " cannot fit in the " + std::to_string(remaining()) +
            " bytes left");
     return n;
   }
   std::string string() {
-    const auto n = count(1, "string length");
-    std::string s(n, '\0');
-    ar(cereal::binary_data(s.data(), n));
+    std::string s;
+    string_into(s);
     return s;
   }
+  /// Reads a string into `s`, reusing its capacity.
+  void string_into(std::string& s) {
+    const auto n = count(1, "string length");
+    s.resize(n);
+    copy(s.data(), n);
+  }
   shape_t shape() {
+    shape_t s;
+    shape_into(s);
+    return s;
+  }
+  /// Reads a shape into `s`, reusing its capacity.
+  void shape_into(shape_t& s) {
     const auto n = u64();
     if (n > max_dims) fail(std::to_string(n) + " dimensions");
-    shape_t s(n);
-    for (auto& e : s) e = u64();
-    return s;
+    s.resize(n);
+    copy(s.data(), n * 8);
   }
   /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
   /// Returns the number of chunks read.
@@ -102,28 +147,21 @@ struct bounded_reader {
     t.ndim = static_cast<std::uint32_t>(ndim);
     const auto old = t.size();
     t.resize(old + n);
-    ar(cereal::binary_data(t.file.data() + old, n * 4));
-    ar(cereal::binary_data(t.coords.data() + old * 2 * ndim, n * 2 * ndim * 8));
-    ar(cereal::binary_data(t.codec.data() + old, n));
-    ar(cereal::binary_data(t.file_offset.data() + old, n * 8));
-    ar(cereal::binary_data(t.stored_size.data() + old, n * 8));
-    ar(cereal::binary_data(t.raw_size.data() + old, n * 8));
-    ar(cereal::binary_data(t.xxh3.data() + old, n * 8));
+    copy(t.file.data() + old, n * 4);
+    copy(t.coords.data() + old * 2 * ndim, n * 2 * ndim * 8);
+    copy(t.codec.data() + old, n);
+    copy(t.file_offset.data() + old, n * 8);
+    copy(t.stored_size.data() + old, n * 8);
+    copy(t.raw_size.data() + old, n * 8);
+    copy(t.xxh3.data() + old, n * 8);
     return n;
   }
-  /// Reads a string into `s`, reusing its capacity.
-  void string_into(std::string& s) {
-    const auto n = count(1, "string length");
-    s.resize(n);
-    ar(cereal::binary_data(s.data(), n));
-  }
-  /// Reads a shape into `s`, reusing its capacity.
-  void shape_into(shape_t& s) {
-    const auto n = u64();
-    if (n > max_dims) fail(std::to_string(n) + " dimensions");
-    s.resize(n);
-    for (auto& e : s) e = u64();
-  }
+
+ private:
+  std::span<const std::byte> in_;
+  std::size_t pos_ = 0;
+  std::string file_;
+  error_kind kind_;
 };
 
 inline void write_shape(cereal::PortableBinaryOutputArchive& ar, std::span<const std::uint64_t> s) {
@@ -176,45 +214,33 @@ inline std::string encode_index(const shard_index& idx) {
 /// `corrupt` error naming `file`.
 template <class Group, class Value>
 std::uint32_t parse_index(std::span<const std::byte> bytes, const std::string& file, Group&& group, Value&& value) {
-  // cereal byte-swaps everything when this flag says big-endian; ckpt only writes 1.
-  if (bytes.empty() || bytes[0] != std::byte{1})
-    throw error(error_kind::corrupt, "corrupt index in " + file + ": bad byte-order flag");
-  span_streambuf buf(bytes);
-  std::istream is(&buf);
-  std::uint32_t rank = 0;
-  try {
-    cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader r{ar, buf, file};
-    std::uint32_t version;
-    ar(version, rank);
-    if (version != format_version)
-      r.fail("format version " + std::to_string(version) + ", this ckpt reads version " + std::to_string(format_version));
-    const auto groups = r.count(26, "tensor");
-    std::string name;
-    shape_t shape;
-    for (std::uint64_t i = 0; i < groups; ++i) {
-      r.string_into(name);
-      std::uint8_t t;
-      ar(t);
-      const auto dt = dtype_from_id(t);
-      if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + name);
-      r.shape_into(shape);
-      group(std::string_view(name), *dt, static_cast<const shape_t&>(shape), r);
-    }
-    const auto values = r.count(36, "value");
-    for (std::uint64_t i = 0; i < values; ++i) {
-      value_record v;
-      v.name = r.string();
-      ar(v.rank, v.file_offset, v.size, v.xxh3);
-      value(std::move(v));
-    }
-  } catch (const error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + e.what());
+  bounded_reader r(bytes, file);
+  const auto version = r.u32();
+  const auto rank = r.u32();
+  if (version != format_version)
+    r.fail("format version " + std::to_string(version) + ", this ckpt reads version " + std::to_string(format_version));
+  const auto groups = r.count(26, "tensor");
+  std::string name;
+  shape_t shape;
+  for (std::uint64_t i = 0; i < groups; ++i) {
+    r.string_into(name);
+    const auto t = r.u8();
+    const auto dt = dtype_from_id(t);
+    if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + name);
+    r.shape_into(shape);
+    group(std::string_view(name), *dt, static_cast<const shape_t&>(shape), r);
   }
-  if (buf.remaining() != 0)
-    throw error(error_kind::corrupt, "corrupt index in " + file + ": " + std::to_string(buf.remaining()) + " stray bytes at its end");
+  const auto values = r.count(36, "value");
+  for (std::uint64_t i = 0; i < values; ++i) {
+    value_record v;
+    v.name = r.string();
+    v.rank = r.u32();
+    v.file_offset = r.u64();
+    v.size = r.u64();
+    v.xxh3 = r.u64();
+    value(std::move(v));
+  }
+  if (r.remaining() != 0) r.fail(std::to_string(r.remaining()) + " stray bytes at its end");
   return rank;
 }
 
@@ -222,7 +248,7 @@ std::uint32_t parse_index(std::span<const std::byte> bytes, const std::string& f
 inline shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
   shard_index idx;
   idx.rank = parse_index(
-      bytes, file,
+      bytes, "index of " + file,
       [&](std::string_view name, dtype t, const shape_t& shape, bounded_reader& r) {
         auto& g = idx.tensors.emplace_back();
         g.name = std::string(name);

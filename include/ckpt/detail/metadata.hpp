@@ -306,24 +306,13 @@ inline void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, con
   if (xxh3(bytes) != md.chunk_map.xxh3) fail("checksum mismatch");
   if (bytes.size() < 17 || std::memcmp(bytes.data(), chunk_map_magic.data(), 8) != 0) fail("not a ckpt chunk map (bad magic)");
   if (get_u32(bytes.data() + 8) != format_version || get_u32(bytes.data() + 12) != 0) fail("bad version or flags");
-  const auto body = bytes.subspan(16);
-  if (body[0] != std::byte{1}) fail("bad byte-order flag");
-  span_streambuf buf(body);
-  std::istream is(&buf);
-  try {
-    cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader r{ar, buf, file};
-    if (r.u64() != md.tensors.size()) fail("tensor count differs from metadata.json");
-    for (auto& t : md.tensors) {
-      if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has too many dimensions");
-      r.table(t.chunks, t.shape.size());
-    }
-  } catch (const error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail(std::string("malformed: ") + e.what());
+  bounded_reader r(bytes.subspan(16), file);
+  if (r.u64() != md.tensors.size()) fail("tensor count differs from metadata.json");
+  for (auto& t : md.tensors) {
+    if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has too many dimensions");
+    r.table(t.chunks, t.shape.size());
   }
-  if (buf.remaining() != 0) fail(std::to_string(buf.remaining()) + " stray bytes at its end");
+  if (r.remaining() != 0) fail(std::to_string(r.remaining()) + " stray bytes at its end");
 }
 
 // --- latest ---------------------------------------------------------------------------------------

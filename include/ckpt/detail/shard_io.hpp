@@ -180,45 +180,33 @@ std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::
 
 inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into) {
   const std::string where = "the tensors sent by rank " + std::to_string(from);
-  span_streambuf buf(bytes);
-  std::istream is(&buf);
-  try {
-    cereal::PortableBinaryInputArchive ar(is);
-    bounded_reader r{ar, buf, where};
-    const auto n = r.count(16, "tensor");
-    for (std::uint64_t i = 0; i < n; ++i) {
-      auto name = r.string();
-      std::uint8_t t;
-      ar(t);
-      const auto dt = dtype_from_id(t);
-      if (!dt) throw error(error_kind::communication, where + ": unknown dtype");
-      auto shape = r.shape();
-      auto global = r.shape();
-      auto offset = r.shape();
-      const auto size = r.count(1, "tensor byte");
-      auto& b = into.buffers.emplace_back(size);
-      ar(cereal::binary_data(b.data(), size));
-      tensor_ref ref(*dt, std::move(shape), b.data());
-      if (ref.nbytes() != size) throw error(error_kind::communication, where + ": tensor size does not match its shape");
-      ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
-      into.tensors.push_back({std::move(name), std::move(ref)});
-    }
-    const auto m = r.count(12, "value");
-    for (std::uint64_t i = 0; i < m; ++i) {
-      stored_value v;
-      v.name = r.string();
-      std::uint64_t size;
-      ar(v.rank, size);
-      if (size > bytes.size()) throw error(error_kind::communication, where + ": value larger than the message");
-      v.bytes.resize(size);
-      ar(cereal::binary_data(v.bytes.data(), size));
-      into.values.push_back(std::move(v));
-    }
-  } catch (const error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw error(error_kind::communication, where + " are malformed: " + e.what());
+  bounded_reader r(bytes, where, error_kind::communication);
+  const auto n = r.count(16, "tensor");
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto name = r.string();
+    const auto dt = dtype_from_id(r.u8());
+    if (!dt) r.fail("unknown dtype");
+    auto shape = r.shape();
+    auto global = r.shape();
+    auto offset = r.shape();
+    const auto size = r.count(1, "tensor byte");
+    auto& b = into.buffers.emplace_back(size);
+    r.copy(b.data(), size);
+    tensor_ref ref(*dt, std::move(shape), b.data());
+    if (ref.nbytes() != size) r.fail("tensor size does not match its shape");
+    ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
+    into.tensors.push_back({std::move(name), std::move(ref)});
   }
+  const auto m = r.count(12, "value");
+  for (std::uint64_t i = 0; i < m; ++i) {
+    stored_value v;
+    v.name = r.string();
+    v.rank = r.u32();
+    v.bytes.resize(r.count(1, "value byte"));
+    r.copy(v.bytes.data(), v.bytes.size());
+    into.values.push_back(std::move(v));
+  }
+  if (r.remaining() != 0) r.fail("stray bytes at its end");
 }
 
 }  // namespace ckpt::detail
