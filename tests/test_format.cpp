@@ -125,6 +125,24 @@ TEST_CASE("the tiling check finds gaps and overlaps and names the region") {
     CHECK(std::string(e.what()).find("region [4:5, 0:6] is stored twice") != std::string::npos);
   }
   try {
+    check({{{0, 0}, {4, 6}}, {{4, 0}, {3, 6}}});
+    FAIL("gap at the end not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()) == "tensor 'w': region [7:8, 0:6] of global shape [8, 6] is not stored by any shard");
+  }
+  try {  // a two-dimensional layout goes through the grid
+    check({{{0, 0}, {8, 2}}, {{0, 2}, {3, 4}}});
+    FAIL("grid gap not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()) == "tensor 'w': region [3:8, 2:6] of global shape [8, 6] is not stored by any shard");
+  }
+  try {
+    check({{{0, 0}, {8, 2}}, {{0, 2}, {5, 4}}, {{4, 2}, {4, 4}}});
+    FAIL("grid overlap not found");
+  } catch (const ckpt::error& e) {
+    CHECK(std::string(e.what()).find("region [4:5, 2:6] is stored twice") != std::string::npos);
+  }
+  try {
     check({{{0, 0}, {8, 7}}});
     FAIL("out of bounds not found");
   } catch (const ckpt::error& e) {

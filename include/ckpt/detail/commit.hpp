@@ -84,24 +84,31 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
   // tensor name -> index in md.tensors
   std::unordered_map<std::string, std::size_t, name_hash, std::equal_to<>> by_name;
   std::vector<std::pair<std::string, std::size_t>> held;  // (name, rank) left to another writer
+  std::size_t next = 0;  // ranks usually list tensors in the same order: try the next one first
   for (std::size_t r = 0; r < reports.size(); ++r) {
     auto rep = decode_report(reports[r], static_cast<int>(r));
+    next = 0;
     for (auto& n : rep.held) held.emplace_back(std::move(n), r);
     if (!rep.path) continue;
     const auto file = static_cast<std::uint32_t>(md.files.size());
     const auto rank = parse_index(
         rep.index, "the index of rank " + std::to_string(r),
         [&](std::string_view name, dtype type, const shape_t& shape, bounded_reader& rd) {
-          auto it = by_name.find(name);
-          if (it == by_name.end()) {
-            it = by_name.emplace(std::string(name), md.tensors.size()).first;
-            auto& t = md.tensors.emplace_back();
-            t.name = std::string(name);
-            t.type = type;
-            t.shape = shape;
-            t.chunks.ndim = static_cast<std::uint32_t>(shape.size());
+          std::size_t at = next;
+          if (at >= md.tensors.size() || md.tensors[at].name != name) {
+            auto it = by_name.find(name);
+            if (it == by_name.end()) {
+              it = by_name.emplace(std::string(name), md.tensors.size()).first;
+              auto& t = md.tensors.emplace_back();
+              t.name = std::string(name);
+              t.type = type;
+              t.shape = shape;
+              t.chunks.ndim = static_cast<std::uint32_t>(shape.size());
+            }
+            at = it->second;
           }
-          auto& t = md.tensors[it->second];
+          next = at + 1;
+          auto& t = md.tensors[at];
           if (t.type != type || t.shape != shape)
             throw error(error_kind::invalid_argument,
                         "tensor " + printable(name) + " is saved as " + std::string(to_string(t.type)) + " " +

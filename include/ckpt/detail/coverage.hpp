@@ -54,6 +54,43 @@ void check_tiling(const std::string& tensor, std::span<const std::uint64_t> glob
     if (chunks.size() != 1) fail("scalar stored " + std::to_string(chunks.size()) + " times");
     return;
   }
+  // The common case: every chunk spans the whole tensor in all dimensions but one (a split
+  // along one dimension, chunked along the same one). Sorting the chunks along it and checking
+  // that each starts where the previous ended proves the tiling in O(n log n).
+  for (std::size_t d = 0; d < n; ++d) {
+    bool slabs = true;
+    for (std::size_t i = 0; i < chunks.size() && slabs; ++i) {
+      const auto off = chunks.offset(i), shp = chunks.shape(i);
+      for (std::size_t e = 0; e < n && slabs; ++e)
+        if (e != d && (off[e] != 0 || shp[e] != global[e])) slabs = false;
+    }
+    if (!slabs) continue;
+    std::vector<std::pair<std::uint64_t, std::size_t>> starts;  // (offset along d, chunk)
+    starts.reserve(chunks.size());
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      if (chunks.shape(i)[d] != 0) starts.emplace_back(chunks.offset(i)[d], i);
+    std::sort(starts.begin(), starts.end());
+    std::uint64_t end = 0;
+    auto slab = [&](std::uint64_t lo, std::uint64_t hi) {
+      shape_t a(n, 0), b(global.begin(), global.end());
+      a[d] = lo;
+      b[d] = hi;
+      return region_string(a, b);
+    };
+    for (std::size_t k = 0; k < starts.size(); ++k) {
+      const auto [at, i] = starts[k];
+      if (at > end) fail("region " + slab(end, at) + " of global shape " + to_string(global) + " is not stored by any shard");
+      if (at < end) {
+        const auto j = starts[k - 1].second;
+        fail("region " + slab(at, std::min(end, at + chunks.shape(i)[d])) + " is stored twice (in " + std::string(where(j)) +
+             " and " + std::string(where(i)) + ")");
+      }
+      end = at + chunks.shape(i)[d];
+    }
+    if (end != global[d])
+      fail("region " + slab(end, global[d]) + " of global shape " + to_string(global) + " is not stored by any shard");
+    return;
+  }
   // Coordinate-compressed grid: every chunk edge cuts every dimension; each cell of the grid
   // must be owned by exactly one chunk.
   std::vector<std::vector<std::uint64_t>> cuts(n);
