@@ -12,7 +12,7 @@ build_dir=${BUILD_DIR:-build}
 
 # Debian packages ckpt builds and tests with. cmake is how Meson finds cereal and doctest,
 # which ship no pkg-config files.
-packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libopenmpi-dev openmpi-bin)
+packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libzstd-dev libopenmpi-dev openmpi-bin)
 
 install_missing() {
   local missing=()

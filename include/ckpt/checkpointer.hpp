@@ -35,6 +35,7 @@
 #include "raw.hpp"
 #include "single_process.hpp"
 #include "visitor.hpp"
+#include "zstd.hpp"
 
 namespace ckpt {
 
@@ -699,8 +700,13 @@ class checkpointer {
   void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
                     const std::string& where) const {
     try {
+      // ckpt's own codecs are always readable, whatever this checkpointer writes with.
       if (id == raw::id) {
         raw{}.decode(in, t, out);
+      } else if (id == zstd::id) {
+        zstd{}.decode(in, t, out);
+      } else if (id == zstd_bytegroup::id) {
+        zstd_bytegroup{}.decode(in, t, out);
       } else if (id == Enc::id) {
         codec_.decode(in, t, out);
       } else {

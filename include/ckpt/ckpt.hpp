@@ -38,3 +38,4 @@
 #include "topology.hpp"
 #include "version.hpp"
 #include "visitor.hpp"
+#include "zstd.hpp"
