@@ -33,15 +33,9 @@
 //   tensor_parallel --check-all DIR --mpirun /usr/bin/mpirun
 //       runs both of the above (with mpirun --oversubscribe) in one command: the test suite's.
 
-// Open MPI's and MPICH's mpi.h also pull in the long-deprecated MPI C++ bindings, whose casts
-// -Wextra flags; this program (and ckpt) use only the C API.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+// ckpt/mpi.hpp comes first: it includes <mpi.h> without the deprecated MPI C++ bindings,
+// which do not compile warning-free.
+#include <ckpt/mpi.hpp>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,7 +63,6 @@
 #include <vector>
 
 #include <ckpt/ckpt.hpp>
-#include <ckpt/mpi.hpp>
 
 extern char** environ;
 

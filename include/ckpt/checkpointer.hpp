@@ -217,11 +217,12 @@ class checkpointer {
     auto& comm = policy_.communicator();
     // Rank 0 resolves the tag and reads metadata.json once; the others receive its bytes.
     std::string tag, text, map;
+    std::optional<detail::metadata> parsed;  // rank 0 parses metadata.json once, to find the map
     detail::collective(comm, [&] {
       if (comm.rank() == 0) {
         tag = resolve_tag(opts);
         text = read_text(tag + "/" + std::string(detail::metadata_file), detail::max_metadata_bytes);
-        const auto md = detail::decode_metadata(text, storage_.describe(tag + "/" + std::string(detail::metadata_file)));
+        const auto& md = parsed.emplace(detail::decode_metadata(text, storage_.describe(tag + "/" + std::string(detail::metadata_file))));
         // chunk_map.bin belongs to a committed tag: missing or resized, it is damage.
         const auto key = chunk_map_key(tag, md);
         const auto size = storage_.size(key);
@@ -239,7 +240,7 @@ class checkpointer {
     load_result result;
     visitor v;
     detail::collective(comm, [&] {
-      md = detail::decode_metadata(text, md_name);
+      md = parsed ? std::move(*parsed) : detail::decode_metadata(text, md_name);
       detail::decode_chunk_map(detail::as_bytes(map), md, storage_.describe(chunk_map_key(tag, md)));
       detail::validate_metadata(md, tag, md_name);
       for (const auto& t : md.tensors)

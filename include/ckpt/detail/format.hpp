@@ -172,17 +172,35 @@ inline void write_string(cereal::PortableBinaryOutputArchive& ar, const std::str
   ar(static_cast<std::uint64_t>(s.size()));
   ar(cereal::binary_data(s.data(), s.size()));
 }
-/// Column by column, each in one bulk write.
+/// Bytes put_table writes for `t`.
+inline std::uint64_t table_bytes(const chunk_table& t) noexcept {
+  return 8 + t.size() * chunk_table::encoded_bytes_per_chunk(t.ndim);
+}
+
+/// Lays down a chunk table as cereal's PortableBinary archive would (u64 count, then each
+/// column as one little-endian block) at `p`, and returns the end. The one place that fixes
+/// the order of the columns on disk; bounded_reader::table reads them back.
+inline std::byte* put_table(std::byte* p, const chunk_table& t) {
+  auto put = [&](const void* src, std::size_t n) {
+    if (n) std::memcpy(p, src, n);
+    p += n;
+  };
+  const std::uint64_t n = t.size();
+  put(&n, 8);
+  put(t.file.data(), n * 4);
+  put(t.coords.data(), t.coords.size() * 8);
+  put(t.codec.data(), n);
+  put(t.file_offset.data(), n * 8);
+  put(t.stored_size.data(), n * 8);
+  put(t.raw_size.data(), n * 8);
+  put(t.xxh3.data(), n * 8);
+  return p;
+}
+
 inline void write_table(cereal::PortableBinaryOutputArchive& ar, const chunk_table& t) {
-  const auto n = t.size();
-  ar(static_cast<std::uint64_t>(n));
-  ar(cereal::binary_data(t.file.data(), n * 4));
-  ar(cereal::binary_data(t.coords.data(), t.coords.size() * 8));
-  ar(cereal::binary_data(t.codec.data(), n));
-  ar(cereal::binary_data(t.file_offset.data(), n * 8));
-  ar(cereal::binary_data(t.stored_size.data(), n * 8));
-  ar(cereal::binary_data(t.raw_size.data(), n * 8));
-  ar(cereal::binary_data(t.xxh3.data(), n * 8));
+  std::vector<std::byte> bytes(table_bytes(t));
+  put_table(bytes.data(), t);
+  ar(cereal::binary_data(bytes.data(), bytes.size()));
 }
 
 /// Encodes an index as cereal portable binary (layout in docs/format.md).

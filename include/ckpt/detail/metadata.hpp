@@ -289,11 +289,11 @@ inline std::string encode_chunk_map(const metadata& md) {
   // then little-endian integers and column blocks), laid down with memcpy into a buffer of the
   // exact size: at millions of chunks, going through an ostream costs more than the write.
   std::uint64_t size = 16 + 1 + 8;
-  for (const auto& t : md.tensors) size += 8 + t.chunks.size() * chunk_table::encoded_bytes_per_chunk(t.chunks.ndim);
+  for (const auto& t : md.tensors) size += table_bytes(t.chunks);
   std::string out(size, '\0');
   auto* p = reinterpret_cast<std::byte*>(out.data());
   auto put = [&](const void* src, std::size_t n) {
-    if (n) std::memcpy(p, src, n);
+    std::memcpy(p, src, n);
     p += n;
   };
   put(chunk_map_magic.data(), 8);
@@ -304,18 +304,7 @@ inline std::string encode_chunk_map(const metadata& md) {
   put(&little, 1);
   const std::uint64_t count = md.tensors.size();
   put(&count, 8);
-  for (const auto& t : md.tensors) {
-    const auto& c = t.chunks;
-    const std::uint64_t n = c.size();
-    put(&n, 8);
-    put(c.file.data(), n * 4);
-    put(c.coords.data(), c.coords.size() * 8);
-    put(c.codec.data(), n);
-    put(c.file_offset.data(), n * 8);
-    put(c.stored_size.data(), n * 8);
-    put(c.raw_size.data(), n * 8);
-    put(c.xxh3.data(), n * 8);
-  }
+  for (const auto& t : md.tensors) p = put_table(p, t.chunks);
   return out;
 }
 
