@@ -6,6 +6,7 @@
 // ranks would. Prints one row per R with the median of several runs.
 //
 //   bench/commit_scale [--tensors 1000] [--ranks 256,512,1024,2048,4096] [--runs 3] [--dir /tmp]
+//                      [--threads N]   (rank 0's merge threads; default: the cores, at most 8)
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/detail/commit.hpp>
@@ -73,12 +74,14 @@ void write_synced(ckpt::posix& disk, const std::string& key, const std::string& 
 int main(int argc, char** argv) {
   std::uint32_t tensors = 1000;
   int runs = 3;
+  unsigned threads = ckpt::detail::merge_threads();
   std::vector<std::uint32_t> sizes = {256, 512, 1024, 2048, 4096};
   std::string dir = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--tensors") tensors = static_cast<std::uint32_t>(std::stoul(v));
     else if (a == "--runs") runs = std::stoi(v);
+    else if (a == "--threads") threads = static_cast<unsigned>(std::stoul(v));
     else if (a == "--dir") dir = v;
     else if (a == "--ranks") {
       sizes.clear();
@@ -91,24 +94,30 @@ int main(int argc, char** argv) {
   }
   const auto root = std::filesystem::path(dir) / ("ckpt-commit-scale-" + std::to_string(::getpid()));
   ckpt::posix disk(root);
-  std::printf("%8s %10s %12s %12s %14s %14s\n", "ranks", "chunks", "commit_s", "plan_s", "metadata_B", "chunk_map_B");
+  std::printf("%8s %10s %10s %9s %9s %9s %10s %12s %12s\n", "ranks", "chunks", "commit_s", "merge_s", "encode_s",
+              "write_s", "plan_s", "metadata_B", "chunk_map_B");
   for (const auto ranks : sizes) {
     std::vector<std::vector<std::byte>> reports;
     reports.reserve(ranks);
     for (std::uint32_t r = 0; r < ranks; ++r) reports.push_back(report(r, ranks, tensors));
-    std::vector<double> commit_s, plan_s;
+    std::vector<double> commit_s, plan_s, merge_s, encode_s, write_s;
     std::size_t md_bytes = 0, map_bytes = 0;
     for (int run = 0; run < runs; ++run) {
       const std::string tag = "global_step" + std::to_string(run);
       // Rank 0's commit: merge, check, encode, write both files durably.
       auto t0 = clock_type::now();
-      auto md = ckpt::detail::merge_reports(tag, 1, {ranks, 1, 1, ranks}, {}, reports);
+      auto md = ckpt::detail::merge_reports(tag, 1, {ranks, 1, 1, ranks}, {}, reports, threads);
+      merge_s.push_back(seconds_since(t0));
+      auto t1 = clock_type::now();
       const auto map = ckpt::detail::encode_chunk_map(md);
       md.chunk_map.size = map.size();
       md.chunk_map.xxh3 = ckpt::detail::xxh3(map);
+      encode_s.push_back(seconds_since(t1));
+      t1 = clock_type::now();
       write_synced(disk, tag + "/chunk_map.bin", map);
       const auto text = ckpt::detail::encode_metadata(md);
       write_synced(disk, tag + "/metadata.json", text);
+      write_s.push_back(seconds_since(t1));
       commit_s.push_back(seconds_since(t0));
       md_bytes = text.size();
       map_bytes = map.size();
@@ -139,8 +148,9 @@ int main(int argc, char** argv) {
       }
       disk.remove_all(tag);
     }
-    std::printf("%8u %10llu %12.3f %12.3f %14zu %14zu\n", ranks, static_cast<unsigned long long>(ranks) * tensors,
-                median(commit_s), median(plan_s), md_bytes, map_bytes);
+    std::printf("%8u %10llu %10.3f %9.3f %9.3f %9.3f %10.3f %12zu %12zu\n", ranks,
+                static_cast<unsigned long long>(ranks) * tensors, median(commit_s), median(merge_s), median(encode_s),
+                median(write_s), median(plan_s), md_bytes, map_bytes);
     std::fflush(stdout);
   }
   std::filesystem::remove_all(root);

@@ -140,6 +140,9 @@ class bounded_reader {
     s.resize(n);
     copy(s.data(), n * 8);
   }
+  /// Steps over a chunk table (tensors of `ndim` dimensions), checking only that it fits.
+  void skip_table(std::size_t ndim) { take(count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk") *
+                                           chunk_table::encoded_bytes_per_chunk(ndim)); }
   /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
   /// Returns the number of chunks read.
   std::size_t table(chunk_table& t, std::size_t ndim) {
