@@ -8,10 +8,12 @@
 #include <cstring>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -25,6 +27,7 @@
 #include "detail/format.hpp"
 #include "detail/hash.hpp"
 #include "detail/metadata.hpp"
+#include "detail/pipeline.hpp"
 #include "detail/region.hpp"
 #include "detail/shard_io.hpp"
 #include "error.hpp"
@@ -33,6 +36,7 @@
 #include "options.hpp"
 #include "posix.hpp"
 #include "raw.hpp"
+#include "save_handle.hpp"
 #include "single_process.hpp"
 #include "visitor.hpp"
 #include "zstd.hpp"
@@ -107,6 +111,14 @@ class checkpointer {
     if (options_.chunk_bytes == 0) throw error(error_kind::invalid_argument, "checkpointer_options::chunk_bytes must be > 0");
   }
 
+  /// Waits for a save_async still in flight (its error, if any, is lost: call `wait()` first).
+  ~checkpointer() { finish_pending(false); }
+  // A background save refers to this object, so it stays where it was made.
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+  checkpointer(checkpointer&&) = delete;
+  checkpointer& operator=(checkpointer&&) = delete;
+
   Policy& policy() noexcept { return policy_; }
   Store& storage() noexcept { return storage_; }
   const checkpointer_options& options() const noexcept { return options_; }
@@ -115,105 +127,77 @@ class checkpointer {
   /// On return the tag is committed and `latest` names it. On error the previous checkpoint
   /// still loads; the new tag is committed only if the failure came after its metadata.json
   /// was published (while replacing `latest` or applying retention), and is then complete.
+  /// A save_async still in flight is finished first (and its error, if nobody saw it, thrown).
   template <class T>
   void save(std::uint64_t iteration, const T& state, const save_options& opts = {}) {
     static_assert(detail::diagnose_checkpointable<T>());
-    auto& comm = policy_.communicator();
-    const std::string tag = opts.tag.value_or(default_tag(iteration));
-    visitor v;
-    std::vector<detail::stored_tensor> mine;
-    std::vector<detail::stored_value> values;
-    std::vector<std::string> held;  // tensors this rank holds but leaves to another writer
-    detail::collective(comm, [&] {
-      validate_tag(tag);
-      (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
-      detail::visit_state(v, state);
-      for (const auto& t : v.tensors()) {
-        check_tensor(t.name, t.ref);
-        if (!device_.accepts(t.ref.where()))
-          throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) +
-                                                        " lives on a device this checkpointer's DevicePolicy does not "
-                                                        "handle (host_copy handles host memory only)");
-        if (policy_.writes(t.name, t.ref))
-          mine.push_back({t.name, t.ref});
-        else
-          held.push_back(t.name);  // rank 0 checks that some rank did write it
-      }
-      if (opts.validation_logits && comm.rank() == 0) {
-        if (!is_floating(opts.validation_logits->type()))
-          throw error(error_kind::invalid_argument, "validation logits must be floating point, not " +
-                                                        std::string(to_string(opts.validation_logits->type())));
-        check_tensor("validation logits", *opts.validation_logits);
-        if (opts.validation_logits->where().type != device::kind::host)
-          throw error(error_kind::invalid_argument, "validation logits must be in host memory");
-        mine.push_back({std::string(detail::validation_name), *opts.validation_logits});
-      }
-      for (const auto& val : v.values()) values.push_back({val.name, static_cast<std::uint32_t>(comm.rank()), val.save()});
-    });
-    agree_on(comm, tag, iteration);
-    detail::gathered at_root;  // under a gathering policy: what the other ranks sent rank 0
-    if constexpr (detail::gathers<Policy>) {
-      std::string packed;
-      detail::collective(comm, [&] {
-        if (comm.rank() != 0) {
-          packed = detail::pack_for_root(mine, values, device_);
-          mine.clear();
-          values.clear();
-        }
-      });
-      // Everything passes through one gather: refuse, on every rank alike, what would not fit
-      // in a message (MPI counts are ints).
-      const std::uint64_t size = packed.size();
-      const auto sizes = comm.all_gather(std::as_bytes(std::span(&size, 1)));
-      detail::collective(comm, [&] {
-        std::uint64_t total = 0;
-        for (const auto& b : sizes) {
-          std::uint64_t n = 0;
-          std::memcpy(&n, b.data(), std::min<std::size_t>(b.size(), 8));
-          total += n;
-        }
-        if (total > detail::max_gather_bytes)
-          throw error(error_kind::invalid_argument, "gather_to_root: the state is " + std::to_string(total) +
-                                                        " bytes, more than the " + std::to_string(detail::max_gather_bytes) +
-                                                        " one gather can carry; use megatron");
-      });
-      auto parts = comm.gather(detail::as_bytes(packed), 0);
-      detail::collective(comm, [&] {
-        for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root);
-      });
-      for (auto& t : at_root.tensors) mine.push_back(std::move(t));
-      for (auto& val : at_root.values) values.push_back(std::move(val));
-    }
-    detail::collective(comm, [&] {
-      if (comm.rank() == 0) prepare_tag(tag, opts.overwrite);
-    });
-    comm.barrier();
-    std::optional<detail::written_shard> written;
-    detail::collective(comm, [&] {
-      if (auto path = policy_.shard_file()) {
-        detail::check_key(*path);
-        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), mine, values,
-                                      codec_, device_, options_.chunk_bytes);
-      } else if (!mine.empty() || !values.empty()) {
-        throw error(error_kind::invalid_argument, "the shard policy gives rank " + std::to_string(comm.rank()) +
-                                                      " tensors to write but no file to write them to");
-      }
-    });
-    const auto report = detail::encode_report(written, held);
-    auto reports = comm.gather(detail::as_bytes(report), 0);
-    detail::collective(comm, [&] {
-      if (comm.rank() == 0) commit(tag, iteration, opts.config, reports);
-    });
-    detail::collective(comm, [&] {
-      if (comm.rank() == 0) apply_retention(tag);
-    });
+    finish_pending(true);
+    auto plan = plan_save(iteration, state, opts);
+    write_and_commit(plan, device_);
   }
+
+  /// Starts a save and returns once `state` is snapshotted into host buffers; writing and
+  /// committing continue on a background thread (collective: every rank calls it). The caller
+  /// may change its tensors as soon as this returns. At most one save is in flight: the next
+  /// save, save_async or load first waits for it, and throws its error if no handle's `wait()`
+  /// has. The snapshot buffers are kept and reused by the next async save.
+  ///
+  /// On more than one rank the communicator is used from the background thread, so it must
+  /// say it is safe to (`ckpt::mpi` needs MPI_Init_thread with MPI_THREAD_MULTIPLE).
+  ///
+  /// @code
+  /// auto pending = cp.save_async(step, model, {.config = args});
+  /// for (int i = 0; i < 100; ++i) train_step(model);  // overlaps the write
+  /// pending.wait();                                   // committed, or throws
+  /// @endcode
+  template <class T>
+  save_handle save_async(std::uint64_t iteration, const T& state, const save_options& opts = {}) {
+    static_assert(detail::diagnose_checkpointable<T>());
+    finish_pending(true);
+    auto& comm = policy_.communicator();
+    detail::collective(comm, [&] {
+      if (comm.size() > 1) {
+        if constexpr (requires { { comm.thread_safe() } -> std::convertible_to<bool>; }) {
+          if (!comm.thread_safe())
+            throw error(error_kind::invalid_argument,
+                        "save_async on " + std::to_string(comm.size()) +
+                            " ranks uses the communicator from a background thread; initialise MPI with "
+                            "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or use save");
+        } else {
+          throw error(error_kind::invalid_argument,
+                      "save_async on more than one rank needs a Communicator that may be used from a background "
+                      "thread and says so with `bool thread_safe() const`");
+        }
+      }
+    });
+    auto plan = std::make_shared<save_plan>(plan_save(iteration, state, opts));
+    detail::collective(comm, [&] { snapshot(*plan); });
+    auto st = std::make_shared<detail::async_save_state>();
+    pending_ = st;
+    background_ = std::thread([this, plan, st] {
+      std::exception_ptr failure;
+      detail::lower_thread_priority(options_.async_nice);  // inherited by the pipeline's threads
+      try {
+        host_copy host;  // the snapshot is in host memory, whatever the tensors' device
+        write_and_commit(*plan, host);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      st->finish(failure);
+    });
+    return save_handle(st);
+  }
+
+  /// Waits for the save_async in flight, if any, and throws its error if no handle's `wait()`
+  /// has. Call it before exiting so the last checkpoint is committed.
+  void wait() { finish_pending(true); }
 
   /// Loads a committed checkpoint into `state` (collective: every rank calls it) and returns
   /// what was loaded. By default the tag `latest` names; see `load_options`.
   template <class T>
   load_result load(T& state, const load_options& opts = {}) {
     static_assert(detail::diagnose_checkpointable<T>());
+    finish_pending(true);
     auto& comm = policy_.communicator();
     // Rank 0 resolves the tag and reads metadata.json once; the others receive its bytes.
     std::string tag, text, map;
@@ -314,6 +298,161 @@ class checkpointer {
 
  private:
   // --- save -----------------------------------------------------------------------------------
+
+  /// What a save writes, once every rank agreed on it.
+  struct save_plan {
+    std::string tag;
+    std::uint64_t iteration = 0;
+    ckpt::config config;
+    bool overwrite = true;
+    std::vector<detail::stored_tensor> mine;  // the tensors this rank writes
+    std::vector<detail::stored_value> values;
+    std::vector<std::string> held;  // tensors this rank holds but leaves to another writer
+    detail::gathered at_root;       // under a gathering policy: what the other ranks sent rank 0
+  };
+
+  /// The collective first half of a save: validates the state and agrees on what each rank
+  /// writes (and, for gathering policies, moves it to rank 0).
+  template <class T>
+  save_plan plan_save(std::uint64_t iteration, const T& state, const save_options& opts) {
+    auto& comm = policy_.communicator();
+    save_plan plan;
+    plan.tag = opts.tag.value_or(default_tag(iteration));
+    plan.iteration = iteration;
+    plan.config = opts.config;
+    plan.overwrite = opts.overwrite;
+    const std::string& tag = plan.tag;
+    auto& mine = plan.mine;
+    auto& values = plan.values;
+    auto& held = plan.held;
+    auto& at_root = plan.at_root;
+    visitor v;
+    detail::collective(comm, [&] {
+      validate_tag(tag);
+      (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
+      detail::visit_state(v, state);
+      for (const auto& t : v.tensors()) {
+        check_tensor(t.name, t.ref);
+        if (!device_.accepts(t.ref.where()))
+          throw error(error_kind::invalid_argument, "tensor " + detail::printable(t.name) +
+                                                        " lives on a device this checkpointer's DevicePolicy does not "
+                                                        "handle (host_copy handles host memory only)");
+        if (policy_.writes(t.name, t.ref))
+          mine.push_back({t.name, t.ref});
+        else
+          held.push_back(t.name);  // rank 0 checks that some rank did write it
+      }
+      if (opts.validation_logits && comm.rank() == 0) {
+        if (!is_floating(opts.validation_logits->type()))
+          throw error(error_kind::invalid_argument, "validation logits must be floating point, not " +
+                                                        std::string(to_string(opts.validation_logits->type())));
+        check_tensor("validation logits", *opts.validation_logits);
+        if (opts.validation_logits->where().type != device::kind::host)
+          throw error(error_kind::invalid_argument, "validation logits must be in host memory");
+        mine.push_back({std::string(detail::validation_name), *opts.validation_logits});
+      }
+      for (const auto& val : v.values()) values.push_back({val.name, static_cast<std::uint32_t>(comm.rank()), val.save()});
+    });
+    agree_on(comm, tag, iteration);
+    if constexpr (detail::gathers<Policy>) {
+      std::string packed;
+      detail::collective(comm, [&] {
+        if (comm.rank() != 0) {
+          packed = detail::pack_for_root(mine, values, device_);
+          mine.clear();
+          values.clear();
+        }
+      });
+      // Everything passes through one gather: refuse, on every rank alike, what would not fit
+      // in a message (MPI counts are ints).
+      const std::uint64_t size = packed.size();
+      const auto sizes = comm.all_gather(std::as_bytes(std::span(&size, 1)));
+      detail::collective(comm, [&] {
+        std::uint64_t total = 0;
+        for (const auto& b : sizes) {
+          std::uint64_t n = 0;
+          std::memcpy(&n, b.data(), std::min<std::size_t>(b.size(), 8));
+          total += n;
+        }
+        if (total > detail::max_gather_bytes)
+          throw error(error_kind::invalid_argument, "gather_to_root: the state is " + std::to_string(total) +
+                                                        " bytes, more than the " + std::to_string(detail::max_gather_bytes) +
+                                                        " one gather can carry; use megatron");
+      });
+      auto parts = comm.gather(detail::as_bytes(packed), 0);
+      detail::collective(comm, [&] {
+        for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root);
+      });
+      for (auto& t : at_root.tensors) mine.push_back(std::move(t));
+      for (auto& val : at_root.values) values.push_back(std::move(val));
+    }
+    return plan;
+  }
+
+  /// Copies every tensor this rank writes into host buffers the checkpointer keeps (reused by
+  /// the next async save), and points the plan at the copies.
+  void snapshot(save_plan& plan) {
+    std::size_t k = 0;
+    for (auto& t : plan.mine) {
+      if (k == snapshot_.size()) snapshot_.emplace_back();
+      auto& buf = snapshot_[k++];
+      buf.resize(t.ref.nbytes());
+      if (t.ref.where().type == device::kind::host) {
+        if (!buf.empty()) std::memcpy(buf.data(), t.ref.data(), buf.size());
+      } else {
+        device_.to_host(t.ref, 0, buf);
+      }
+      tensor_ref copy(t.ref.type(), t.ref.shape(), buf.data());
+      if (t.ref.shard()) copy.sharded(*t.ref.shard());
+      t.ref = std::move(copy);
+    }
+  }
+
+  /// The collective second half: prepare the tag, write every rank's file, commit.
+  template <class Dev>
+  void write_and_commit(const save_plan& plan, Dev& device) {
+    auto& comm = policy_.communicator();
+    const std::string& tag = plan.tag;
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) prepare_tag(tag, plan.overwrite);
+    });
+    comm.barrier();
+    std::optional<detail::written_shard> written;
+    detail::collective(comm, [&] {
+      if (auto path = policy_.shard_file()) {
+        detail::check_key(*path);
+        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), plan.mine, plan.values,
+                                      codec_, device, write_settings());
+      } else if (!plan.mine.empty() || !plan.values.empty()) {
+        throw error(error_kind::invalid_argument, "the shard policy gives rank " + std::to_string(comm.rank()) +
+                                                      " tensors to write but no file to write them to");
+      }
+    });
+    const auto report = detail::encode_report(written, plan.held);
+    auto reports = comm.gather(detail::as_bytes(report), 0);
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) commit(tag, plan.iteration, plan.config, reports);
+    });
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0) apply_retention(tag);
+    });
+  }
+
+  /// Joins the background save, if any; throws its error when `rethrow` and nobody saw it.
+  void finish_pending(bool rethrow) {
+    if (background_.joinable()) background_.join();
+    if (auto st = std::exchange(pending_, nullptr)) {
+      std::lock_guard lock(st->mu);
+      const bool unseen = !st->observed;
+      st->observed = true;
+      if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
+    }
+  }
+
+
+  detail::write_settings write_settings() const noexcept {
+    return {options_.chunk_bytes, options_.threads, options_.buffer_bytes};
+  }
 
   static void check_tensor(const std::string& name, const tensor_ref& t) {
     if (t.data() == nullptr && t.nbytes() != 0)
@@ -601,12 +740,10 @@ class checkpointer {
       result.bytes_read += detail::header_used + detail::trailer_bytes;
     };
 
-    std::vector<std::byte> buffer, decoded;
-    for (const auto& t : v.tensors()) {
-      auto it = stored.find(t.name);
-      if (it == stored.end()) continue;
-      load_tensor(*it->second, t.name, t.ref, md, tag_dir, verify_file, buffer, decoded, result, device_);
-    }
+    std::vector<tensor_load> wanted;
+    for (const auto& t : v.tensors())
+      if (auto it = stored.find(t.name); it != stored.end()) wanted.push_back({it->second, &t.name, &t.ref});
+    load_tensors(wanted, md, tag_dir, verify_file, result, device_);
 
     if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
 
@@ -638,64 +775,138 @@ class checkpointer {
     }
   }
 
-  /// Fills `ref` (a slice of the stored tensor `s`) from the overlapping chunks, through `dev`.
-  template <class Dev, class Verify>
-  void load_tensor(const detail::tensor_meta& s, const std::string& name, const tensor_ref& ref, const detail::metadata& md,
-                   const std::string& tag_dir, Verify& verify_file, std::vector<std::byte>& buffer,
-                   std::vector<std::byte>& decoded, load_result& result, Dev& dev) {
-    const auto elem = size_of(s.type);
-    const auto dst_off = ref.global_offset();
-    const detail::region dst{dst_off, ref.shape()};
-    std::uint64_t filled = 0;
-    const auto& c = s.chunks;
-    for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
-      const detail::region src{c.offset(i), c.shape(i)};
-      if (c.ndim != 0 && !detail::overlaps(src, dst)) continue;
-      verify_file(c.file[i]);
-      const auto key = tag_dir + md.files[c.file[i]].path;
-      const auto where = [&] { return storage_.describe(key) + ", tensor " + detail::printable(name); };
-      const auto mismatch = [&] {
-        return error(error_kind::corrupt, where() + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset[i]));
-      };
-      // Raw chunk wholly inside a host tensor as one contiguous run: read it in place.
-      if constexpr (detail::has_host_view<Dev>) {
-        if (c.codec[i] == 0 && c.stored_size[i] == c.raw_size[i]) {
-          std::uint64_t runs = 0, at = 0, bytes = 0;
-          detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t n) {
-            ++runs;
-            at = d;
-            bytes = n;
-          });
-          if (runs == 1 && bytes == c.raw_size[i]) {
-            std::span<std::byte> target(dev.host_view(ref) + at, bytes);
-            storage_.read(key, c.file_offset[i], target);
-            result.bytes_read += bytes;
-            if (detail::xxh3(target) != c.xxh3[i]) throw mismatch();
-            filled += bytes;
-            continue;
-          }
-        }
-      }
-      buffer.resize(c.stored_size[i]);
-      storage_.read(key, c.file_offset[i], buffer);
-      result.bytes_read += buffer.size();
-      if (detail::xxh3(buffer) != c.xxh3[i]) throw mismatch();
-      std::span<const std::byte> plain = buffer;
-      if (c.codec[i] != 0) {
-        decoded.resize(c.raw_size[i]);
-        decode_chunk(c.codec[i], buffer, s.type, decoded, where());
-        plain = decoded;
-      } else if (c.stored_size[i] != c.raw_size[i]) {
-        throw error(error_kind::corrupt, where() + ": raw chunk of " + std::to_string(c.stored_size[i]) +
-                                             " bytes, expected " + std::to_string(c.raw_size[i]));
-      }
-      filled += detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t from, std::uint64_t n) {
-        dev.from_host(plain.subspan(from, n), ref, d);
-      });
+  /// Reads `out.size()` bytes at `offset` and returns their XXH3, hashing each piece as soon as
+  /// it arrives: the bytes are hashed while still in the CPU's cache instead of being fetched
+  /// from memory a second time, which makes verifying nearly free.
+  std::uint64_t read_hashed(const std::string& key, std::uint64_t offset, std::span<std::byte> out) const {
+    constexpr std::size_t piece = 256 * 1024;
+    if (out.size() <= piece) {
+      storage_.read(key, offset, out);
+      return detail::xxh3(out);
     }
-    if (filled != ref.nbytes())
-      throw error(error_kind::corrupt, "tensor " + detail::printable(name) + ": the checkpoint covers " + std::to_string(filled) +
-                                           " of its " + std::to_string(ref.nbytes()) + " bytes");
+    detail::xxh3_stream h;
+    for (std::size_t at = 0; at < out.size(); at += piece) {
+      const auto part = out.subspan(at, std::min(piece, out.size() - at));
+      storage_.read(key, offset + at, part);
+      h.update(part);
+    }
+    return h.digest();
+  }
+
+  /// A live tensor to fill from the stored tensor of the same name.
+  struct tensor_load {
+    const detail::tensor_meta* stored;
+    const std::string* name;
+    const tensor_ref* ref;
+  };
+
+  /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
+  ///
+  /// Every overlapping chunk is one item of run_pipeline: workers read, verify and decode
+  /// chunks in parallel (when the Storage allows concurrent reads), and raw chunks that land
+  /// in a host tensor as one contiguous run are read straight into it and verified there.
+  /// Anything else is copied into the tensor through `dev` on one finishing thread, so a
+  /// DevicePolicy is never called from two threads at once.
+  template <class Dev, class Verify>
+  void load_tensors(const std::vector<tensor_load>& wanted, const detail::metadata& md, const std::string& tag_dir,
+                    Verify& verify_file, load_result& result, Dev& dev) {
+    struct chunk_read {
+      std::size_t tensor;
+      std::size_t chunk;
+      bool in_place = false;     // read straight into the tensor by the worker
+      std::uint64_t filled = 0;  // bytes of the tensor it filled
+      std::uint64_t read = 0;    // bytes read from storage
+    };
+    std::vector<chunk_read> reads;
+    std::vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
+    for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
+    for (std::size_t k = 0; k < wanted.size(); ++k) {
+      const auto& c = wanted[k].stored->chunks;
+      const auto& ref = *wanted[k].ref;
+      const detail::region dst{dst_offset[k], ref.shape()};
+      for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
+        if (c.ndim != 0 && !detail::overlaps({c.offset(i), c.shape(i)}, dst)) continue;
+        verify_file(c.file[i]);  // header, trailer and footer index: once per file, before any chunk
+        reads.push_back({k, i});
+      }
+    }
+    struct slot {
+      std::vector<std::byte> buffer, decoded;
+      std::span<const std::byte> plain;
+    };
+    const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
+    std::vector<slot> ring(2 * std::size_t{workers});
+    const auto where = [&](const chunk_read& r) {
+      const auto& s = *wanted[r.tensor].stored;
+      return storage_.describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + detail::printable(*wanted[r.tensor].name);
+    };
+    detail::run_pipeline(
+        reads.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
+        [&](std::size_t n, std::size_t si) {  // read, verify, decode: on a worker
+          auto& r = reads[n];
+          auto& sl = ring[si];
+          const auto& s = *wanted[r.tensor].stored;
+          const auto& ref = *wanted[r.tensor].ref;
+          const auto& c = s.chunks;
+          const auto i = r.chunk;
+          const auto key = tag_dir + md.files[c.file[i]].path;
+          const auto mismatch = [&] {
+            return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset[i]));
+          };
+          const detail::region src{c.offset(i), c.shape(i)}, dst{dst_offset[r.tensor], ref.shape()};
+          const auto elem = size_of(s.type);
+          if constexpr (detail::has_host_view<Dev>) {
+            if (c.codec[i] == 0 && c.stored_size[i] == c.raw_size[i]) {
+              std::uint64_t runs = 0, at = 0, bytes = 0;
+              detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
+                ++runs;
+                at = d;
+                bytes = len;
+              });
+              if (runs == 1 && bytes == c.raw_size[i]) {
+                std::span<std::byte> target(dev.host_view(ref) + at, bytes);
+                r.read = bytes;
+                if (read_hashed(key, c.file_offset[i], target) != c.xxh3[i]) throw mismatch();
+                r.filled = bytes;
+                r.in_place = true;
+                return;
+              }
+            }
+          }
+          sl.buffer.resize(c.stored_size[i]);
+          r.read = sl.buffer.size();
+          if (read_hashed(key, c.file_offset[i], sl.buffer) != c.xxh3[i]) throw mismatch();
+          sl.plain = sl.buffer;
+          if (c.codec[i] != 0) {
+            sl.decoded.resize(c.raw_size[i]);
+            decode_chunk(c.codec[i], sl.buffer, s.type, sl.decoded, where(r));
+            sl.plain = sl.decoded;
+          } else if (c.stored_size[i] != c.raw_size[i]) {
+            throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
+                                                 " bytes, expected " + std::to_string(c.raw_size[i]));
+          }
+        },
+        [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order
+          auto& r = reads[n];
+          if (r.in_place) return;
+          const auto& s = *wanted[r.tensor].stored;
+          const auto& ref = *wanted[r.tensor].ref;
+          const detail::region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
+          const auto plain = ring[si].plain;
+          r.filled = detail::for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
+            dev.from_host(plain.subspan(from, len), ref, d);
+          });
+        });
+    std::vector<std::uint64_t> filled(wanted.size(), 0);
+    for (const auto& r : reads) {
+      filled[r.tensor] += r.filled;
+      result.bytes_read += r.read;
+    }
+    for (std::size_t k = 0; k < wanted.size(); ++k)
+      if (filled[k] != wanted[k].ref->nbytes())
+        throw error(error_kind::corrupt, "tensor " + detail::printable(*wanted[k].name) + ": the checkpoint covers " +
+                                             std::to_string(filled[k]) + " of its " + std::to_string(wanted[k].ref->nbytes()) +
+                                             " bytes");
   }
 
   void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
@@ -732,9 +943,9 @@ class checkpointer {
                                             detail::to_string(live.shape()));
     std::vector<std::byte> saved(detail::element_count(s->shape, "validation logits") * size_of(s->type));
     tensor_ref saved_ref(s->type, s->shape, saved.data());
-    std::vector<std::byte> buffer, decoded;
     host_copy host;
-    load_tensor(*s, "validation logits", saved_ref, md, tag_dir, verify_file, buffer, decoded, result, host);
+    const std::string name = "validation logits";
+    load_tensors({{s, &name, &saved_ref}}, md, tag_dir, verify_file, result, host);
     const auto n = live.numel();
     std::uint64_t bad = 0, worst = 0;
     double worst_diff = 0;  // over the failing elements; NaN counts as infinitely far
@@ -766,6 +977,10 @@ class checkpointer {
   checkpointer_options options_;
   Enc codec_;
   Device device_;
+  // The save_async in flight: its thread (which uses this object) and its shared state.
+  std::thread background_;
+  std::shared_ptr<detail::async_save_state> pending_;
+  std::vector<std::vector<std::byte>> snapshot_;  // async saves' copies of the tensors, reused
 };
 
 }  // namespace ckpt

@@ -33,6 +33,7 @@
 #include "options.hpp"
 #include "posix.hpp"
 #include "raw.hpp"
+#include "save_handle.hpp"
 #include "single_process.hpp"
 #include "tensor.hpp"
 #include "topology.hpp"

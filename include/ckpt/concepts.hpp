@@ -127,6 +127,13 @@ concept Storage = requires(S& s, const S& cs, std::string_view key, std::uint64_
 };
 
 namespace detail {
+/// A Storage whose `read` may be called from several threads at once declares
+/// `static constexpr bool concurrent_reads = true;` and loads then read chunks in parallel.
+template <class S>
+concept concurrent_reads = requires { requires S::concurrent_reads; };
+}  // namespace detail
+
+namespace detail {
 template <class S>
 constexpr bool diagnose_storage() {
   if constexpr (!requires(S& s, std::string_view k) { s.create(k); }) {

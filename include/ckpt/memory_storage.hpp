@@ -36,6 +36,9 @@ class memory_storage {
   };
 
  public:
+  /// Every access takes the lock: loads may read chunks from several threads.
+  static constexpr bool concurrent_reads = true;
+
   class writer {
    public:
     void write(std::span<const std::byte> b) { bytes_.insert(bytes_.end(), b.begin(), b.end()); }

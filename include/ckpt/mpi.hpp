@@ -76,6 +76,13 @@ class mpi {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// Whether a background thread may use this communicator while the application goes on
+  /// calling MPI: true when MPI was initialised with MPI_THREAD_MULTIPLE (checkpointer::save_async
+  /// needs it on more than one rank).
+  bool thread_safe() const noexcept {
+    int provided = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
+  }
   /// ckpt's duplicate of the communicator.
   MPI_Comm native() const noexcept { return comm_; }
 

@@ -22,6 +22,16 @@ struct checkpointer_options {
   /// Tensors larger than this are split into chunks of about this size, each with its own
   /// checksum, so a load reads and verifies only the chunks it needs.
   std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  /// Threads that encode and hash chunks while a save writes, and read, verify and decode them
+  /// during a load (0: one per core, at most 8).
+  unsigned threads = 0;
+  /// Host memory a save may hold in chunk buffers at once (staged and encoded chunks in flight);
+  /// at least one chunk's worth is always used. Raw chunks of host tensors need none. An async
+  /// save additionally snapshots the state it writes (see checkpointer::save_async).
+  std::uint64_t buffer_bytes = std::uint64_t{256} << 20;
+  /// Nice value of a save_async's background threads (Linux, where nice is per thread): above 0
+  /// they yield the CPU to the training loop and write with what is left. 0 keeps the caller's.
+  int async_nice = 10;
   /// The group `load_options::load_optimizer = false` skips.
   std::string optimizer_group = "optimizer";
 };

@@ -73,6 +73,9 @@ inline std::vector<std::filesystem::path> make_dirs(const std::filesystem::path&
 /// @endcode
 class posix {
  public:
+  /// `read` is a pread on its own descriptor: loads may read chunks from several threads.
+  static constexpr bool concurrent_reads = true;
+
   /// Writes one file; see the class comment for the protocol.
   class writer {
    public:

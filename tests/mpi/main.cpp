@@ -8,7 +8,10 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // save_async uses ckpt's communicator from a background thread, which MPI allows only at
+  // MPI_THREAD_MULTIPLE.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   doctest::Context ctx(argc, argv);

@@ -347,6 +347,25 @@ TEST_CASE("one rank failing its write means no rank commits and the old checkpoi
   CHECK(wrong_elements(back) == 0);
 }
 
+TEST_CASE("save_async on every rank: snapshot, background commit, and the next save waits for it") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  ckpt::checkpointer<ckpt::megatron<ckpt::mpi>> cp{{.tp = w}, ckpt::posix(dir.path), {.chunk_bytes = 256}};
+  REQUIRE(cp.policy().communicator().thread_safe());
+  model_slice m({.tp = w}, cp.policy().coordinates(), world_rank());
+  m.fill();
+  auto pending = cp.save_async(5, m);
+  for (auto& t : m.tensors) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xff});  // training goes on
+  MPI_Barrier(MPI_COMM_WORLD);  // the application's own MPI calls run alongside the save
+  pending.wait();
+  CHECK(cp.latest() == "global_step5");
+  (void)cp.save_async(6, m);  // never waited for: load finishes it first
+  model_slice back({.tp = w}, cp.policy().coordinates(), world_rank());
+  CHECK(cp.load(back, {.iteration = 5}).iteration == 5);
+  CHECK(wrong_elements(back) == 0);
+  CHECK(cp.latest() == "global_step6");
+}
+
 TEST_CASE("the commit finds a gap or an overlap between ranks' shards and names the region") {
   shared_dir dir;
   const auto w = static_cast<std::uint32_t>(world_size());

@@ -1,6 +1,7 @@
 #pragma once
 // Writing one rank's shard file, and reading chunks back with their checks.
 
+#include <algorithm>
 #include <array>
 #include <sstream>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "../visitor.hpp"
 #include "format.hpp"
 #include "hash.hpp"
+#include "pipeline.hpp"
 #include "region.hpp"
 
 namespace ckpt::detail {
@@ -44,16 +46,74 @@ struct stored_value {
   std::vector<std::byte> bytes;
 };
 
+/// How a shard file is written: chunking and the pipeline's threads and memory.
+struct write_settings {
+  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  unsigned threads = 0;                               // encode/hash workers (0: one per core, at most 8)
+  std::uint64_t buffer_bytes = std::uint64_t{256} << 20;  // host buffers in flight, at most
+};
+
+/// The codec id a chunk of tensor `t` is stored with: the codec's own, or its per-tensor choice.
+template <class C>
+std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
+  if constexpr (requires { codec.id_for(t.type(), t.nbytes()); })
+    return codec.id_for(t.type(), t.nbytes());
+  else
+    return C::id;
+}
+
 /// Writes one shard file: header block, 4 KiB-aligned chunks, values, footer index, trailer;
 /// then fsyncs and publishes it. The storage writer discards the temporary file on failure.
+///
+/// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
+/// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
+/// parallel, and one thread appends them to the file in order. The buffers in flight never
+/// exceed `settings.buffer_bytes` (but there is always at least one chunk's worth).
 template <class S, class C, class D>
 written_shard write_shard(S& storage, const std::string& tag, const std::string& path, std::uint32_t rank,
                           const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values,
-                          const C& codec, D& device, std::uint64_t chunk_bytes) {
+                          const C& codec, D& device, const write_settings& settings) {
   static const std::array<std::byte, alignment> zeros{};
   written_shard out;
   out.path = path;
   out.index.rank = rank;
+
+  // Every chunk of every tensor, in file order.
+  struct chunk_job {
+    std::size_t tensor;
+    chunk_slice slice;
+    std::uint8_t codec;
+  };
+  std::vector<chunk_job> jobs;
+  std::uint64_t largest = 0;
+  bool any_encoded = false;
+  for (std::size_t ti = 0; ti < tensors.size(); ++ti) {
+    const auto& t = tensors[ti];
+    auto& group = out.index.tensors.emplace_back();
+    group.name = t.name;
+    group.type = t.ref.type();
+    group.global_shape = t.ref.global_shape();
+    group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
+    const auto id = codec_id_for(codec, t.ref);
+    any_encoded |= id != 0;
+    for (auto& c : split_into_chunks(t.ref.shape(), size_of(t.ref.type()), settings.chunk_bytes)) {
+      largest = std::max(largest, c.bytes);
+      jobs.push_back({ti, std::move(c), id});
+    }
+  }
+  // Raw chunks of host tensors need no buffer at all: they are hashed and written in place.
+  constexpr bool in_place = has_host_view<D>;
+  const std::uint64_t per_slot = (in_place ? 0 : largest) + (any_encoded ? codec.max_encoded_size(largest) : 0);
+  const unsigned workers = worker_count(settings.threads);
+  const std::size_t slots = per_slot == 0 ? 2 * std::size_t{workers} + 2
+                                          : static_cast<std::size_t>(std::clamp<std::uint64_t>(settings.buffer_bytes / per_slot, 1, 64));
+  struct slot {
+    std::vector<std::byte> staging, encoded;
+    std::span<const std::byte> plain, stored;
+    std::uint64_t hash = 0;
+  };
+  std::vector<slot> ring(std::min(slots, std::max<std::size_t>(jobs.size(), 1)));
+
   auto w = storage.create(tag + "/" + path);
   {
     auto header = make_header();
@@ -62,41 +122,50 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     w.write(block);
   }
   std::uint64_t pos = header_bytes;
-  std::vector<std::byte> staging, encoded;
-  constexpr bool direct = has_host_view<D> && C::id == 0;  // raw bytes straight from the tensor
-  for (const auto& t : tensors) {
-    const auto elem = size_of(t.ref.type());
-    const auto base = t.ref.global_offset();
-    auto& group = out.index.tensors.emplace_back();
-    group.name = t.name;
-    group.type = t.ref.type();
-    group.global_shape = t.ref.global_shape();
-    group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
-    shape_t global_offset(base.size());
-    for (const auto& c : split_into_chunks(t.ref.shape(), elem, chunk_bytes)) {
-      std::span<const std::byte> src;
-      if constexpr (direct) {
-        src = {device.host_view(t.ref) + c.byte_offset, c.bytes};
-      } else {
-        staging.resize(c.bytes);
-        device.to_host(t.ref, c.byte_offset, staging);
-        src = staging;
-      }
-      std::span<const std::byte> enc = src;
-      if constexpr (C::id != 0) {
-        encoded.resize(codec.max_encoded_size(src.size()));
-        enc = std::span<const std::byte>(encoded.data(), codec.encode(src, t.ref.type(), encoded));
-      }
-      for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + c.offset[d];
-      group.chunks.push(0, global_offset, c.shape, C::id, pos, enc.size(), c.bytes, xxh3(enc));
-      w.write(enc);
-      pos += enc.size();
-      if (const auto pad = align_up(pos) - pos; pad) {
-        w.write(std::span<const std::byte>(zeros.data(), pad));
-        pos += pad;
-      }
-    }
-  }
+  shape_t global_offset;
+  run_pipeline(
+      jobs.size(), ring.size(), workers,
+      [&](std::size_t i, std::size_t s) {  // stage, on this thread
+        const auto& j = jobs[i];
+        const auto& ref = tensors[j.tensor].ref;
+        if constexpr (in_place) {
+          ring[s].plain = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
+        } else {
+          ring[s].staging.resize(j.slice.bytes);
+          device.to_host(ref, j.slice.byte_offset, ring[s].staging);
+          ring[s].plain = ring[s].staging;
+        }
+      },
+      [&](std::size_t i, std::size_t s) {  // encode and hash, on a worker
+        auto& sl = ring[s];
+        sl.stored = sl.plain;
+        if (jobs[i].codec != 0) {
+          sl.encoded.resize(codec.max_encoded_size(sl.plain.size()));
+          const auto type = tensors[jobs[i].tensor].ref.type();
+          std::size_t n;
+          if constexpr (requires { codec.encode_with(jobs[i].codec, sl.plain, type, sl.encoded); })
+            n = codec.encode_with(jobs[i].codec, sl.plain, type, sl.encoded);  // the codec's per-tensor choice
+          else
+            n = codec.encode(sl.plain, type, sl.encoded);
+          sl.stored = std::span<const std::byte>(sl.encoded.data(), n);
+        }
+        sl.hash = xxh3(sl.stored);
+      },
+      [&](std::size_t i, std::size_t s) {  // append, in order
+        const auto& j = jobs[i];
+        const auto& sl = ring[s];
+        const auto base = tensors[j.tensor].ref.global_offset();
+        global_offset.resize(base.size());
+        for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
+        out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, sl.stored.size(),
+                                                j.slice.bytes, sl.hash);
+        w.write(sl.stored);
+        pos += sl.stored.size();
+        if (const auto pad = align_up(pos) - pos; pad) {
+          w.write(std::span<const std::byte>(zeros.data(), pad));
+          pos += pad;
+        }
+      });
   for (const auto& v : values) {
     out.index.values.push_back({v.name, v.rank, pos, v.bytes.size(), xxh3(v.bytes)});
     w.write(v.bytes);

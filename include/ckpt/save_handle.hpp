@@ -1,0 +1,92 @@
+#pragma once
+/// @file save_handle.hpp
+/// `ckpt::save_handle`: a save running in the background, as `checkpointer::save_async` returns it.
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+namespace ckpt {
+
+namespace detail {
+/// Raises the calling thread's nice value by `nice` (Linux keeps one per thread, and threads it
+/// starts inherit it). Best effort: a failure leaves the priority as it was.
+inline void lower_thread_priority(int nice) noexcept {
+#if defined(__linux__)
+  if (nice > 0) {
+    errno = 0;
+    const int now = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+    if (errno == 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), std::min(19, now + nice));
+  }
+#else
+  (void)nice;
+#endif
+}
+
+/// Shared by the background thread, the checkpointer and every handle to one save.
+struct async_save_state {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  bool observed = false;  // someone has been given the error (or the success)
+  std::exception_ptr failure;
+
+  void finish(std::exception_ptr e) {
+    std::lock_guard lock(mu);
+    failure = std::move(e);
+    finished = true;
+    cv.notify_all();
+  }
+  /// Blocks until finished; rethrows the failure when `rethrow`.
+  void wait(bool rethrow) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return finished; });
+    observed = true;
+    if (rethrow && failure) std::rethrow_exception(failure);
+  }
+};
+}  // namespace detail
+
+/// A save that `checkpointer::save_async` started: the state was already snapshotted into host
+/// buffers when it returned; writing and committing go on in the background.
+///
+/// The save's error, if any, is thrown by `wait()`, or else by the checkpointer's next save,
+/// save_async or load (which first wait for the save in flight). Destroying the handle does not
+/// cancel or wait for the save; destroying the checkpointer waits for it.
+///
+/// @code
+/// auto pending = cp.save_async(step, model);  // returns once the state is snapshotted
+/// train_more(model);                          // safe: the save writes its own copy
+/// pending.wait();                             // committed here, or throws ckpt::error
+/// @endcode
+class save_handle {
+ public:
+  save_handle() = default;
+  explicit save_handle(std::shared_ptr<detail::async_save_state> s) : state_(std::move(s)) {}
+
+  /// Blocks until the save is committed (returns) or has failed (throws its `ckpt::error`).
+  void wait() const {
+    if (state_) state_->wait(true);
+  }
+  /// Whether the save has finished, successfully or not (never blocks).
+  bool done() const {
+    if (!state_) return true;
+    std::lock_guard lock(state_->mu);
+    return state_->finished;
+  }
+  /// Whether this handle refers to a save at all (a default-constructed one does not).
+  bool valid() const noexcept { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::async_save_state> state_;
+};
+
+}  // namespace ckpt

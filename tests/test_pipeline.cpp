@@ -1,0 +1,283 @@
+// The save and load pipeline: ordering, bounded buffers and failures of run_pipeline; files
+// identical whatever the thread count; and save_async (snapshot, handle, errors, one in flight).
+
+#include "failing_storage.hpp"
+#include "helpers.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+using test::catch_error;
+using test::every_dtype_state;
+
+TEST_CASE("run_pipeline stages and finishes in order, works in parallel, and bounds the items in flight") {
+  for (std::size_t slots : {1u, 3u, 8u})
+    for (unsigned workers : {1u, 2u, 4u}) {
+      CAPTURE(slots);
+      CAPTURE(workers);
+      const std::size_t n = 500;
+      std::vector<std::size_t> staged, finished, value(slots);
+      std::vector<std::size_t> results(n, 0);
+      std::atomic<long> in_flight{0}, most{0};
+      ckpt::detail::run_pipeline(
+          n, slots, workers,
+          [&](std::size_t i, std::size_t s) {
+            staged.push_back(i);
+            value[s] = i;
+            const auto now = ++in_flight;
+            for (long m = most; now > m && !most.compare_exchange_weak(m, now);) {
+            }
+          },
+          [&](std::size_t i, std::size_t s) {
+            if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // out of order
+            results[i] = value[s] * 3;
+          },
+          [&](std::size_t i, std::size_t) {
+            finished.push_back(i);
+            --in_flight;
+          });
+      REQUIRE(staged.size() == n);
+      REQUIRE(finished.size() == n);
+      for (std::size_t i = 0; i < n; ++i) {
+        CHECK(staged[i] == i);
+        CHECK(finished[i] == i);
+        CHECK(results[i] == 3 * i);  // each item saw its own slot's contents
+      }
+      CHECK(most.load() <= static_cast<long>(slots));
+    }
+}
+
+TEST_CASE("run_pipeline rethrows the first failure after every thread stopped") {
+  for (int where = 0; where < 3; ++where) {
+    CAPTURE(where);
+    std::atomic<std::size_t> last_finished{0};
+    std::mutex mu;
+    std::vector<std::size_t> finished;
+    auto fail_at = [&](int stage, std::size_t i) {
+      if (stage == where && i == 37) throw std::runtime_error("item 37 failed");
+    };
+    try {
+      ckpt::detail::run_pipeline(
+          200, 4, 3, [&](std::size_t i, std::size_t) { fail_at(0, i); }, [&](std::size_t i, std::size_t) { fail_at(1, i); },
+          [&](std::size_t i, std::size_t) {
+            fail_at(2, i);
+            std::lock_guard lock(mu);
+            finished.push_back(i);
+          });
+      FAIL("no exception");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "item 37 failed");
+    }
+    // Nothing at or after the failing item was appended.
+    for (auto i : finished) CHECK(i < 37);
+  }
+}
+
+namespace {
+struct big_state {
+  std::vector<float> a = std::vector<float>(10000);
+  std::vector<ckpt::bfloat16> b = std::vector<ckpt::bfloat16>(7777);
+  std::vector<std::int32_t> c = std::vector<std::int32_t>(3000);
+  std::uint64_t step = 0;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("a", ckpt::view(a.data(), {100, 100}));
+    v.tensor("b", b);
+    v.tensor("c", c);
+    v.value("step", step);
+  }
+  void randomise(std::uint64_t seed) {
+    test::fill_random(a, seed);
+    test::fill_random(b, seed + 1);
+    test::fill_random(c, seed + 2);
+    step = seed;
+  }
+  bool operator==(const big_state&) const = default;
+};
+
+template <class C>
+std::vector<std::byte> saved_file(unsigned threads, std::uint64_t buffer_bytes, const big_state& s) {
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage, C> cp{
+      {}, mem, {.chunk_bytes = 1000, .threads = threads, .buffer_bytes = buffer_bytes}};
+  cp.save(1, s);
+  big_state back;
+  cp.load(back);
+  CHECK(back == s);
+  return mem.bytes("global_step1/mp_rank_00/model_optim_rng.ckpt");
+}
+
+/// A DevicePolicy that needs staging (like a GPU's) and counts the chunks staged.
+struct counting_device {
+  std::atomic<long>* staged;
+  bool accepts(ckpt::device d) const noexcept { return d.type == ckpt::device::kind::host; }
+  void to_host(const ckpt::tensor_ref& t, std::uint64_t off, std::span<std::byte> dst) {
+    ++*staged;
+    ckpt::host_copy{}.to_host(t, off, dst);
+  }
+  void from_host(std::span<const std::byte> src, const ckpt::tensor_ref& t, std::uint64_t off) {
+    ckpt::host_copy{}.from_host(src, t, off);
+  }
+};
+
+/// Storage whose writer counts chunk-sized writes, to see how many staged chunks are unwritten.
+struct watching_storage : ckpt::memory_storage {
+  std::atomic<long>* staged;
+  std::atomic<long>* most_unwritten;
+  std::shared_ptr<std::atomic<long>> written = std::make_shared<std::atomic<long>>(0);
+  struct writer {
+    ckpt::memory_storage::writer inner;
+    watching_storage* s;
+    void write(std::span<const std::byte> b) {
+      const long unwritten = *s->staged - *s->written;
+      for (long m = *s->most_unwritten; unwritten > m && !s->most_unwritten->compare_exchange_weak(m, unwritten);) {
+      }
+      if (b.size() == 4000) ++*s->written;  // a chunk (the header block is 4096, padding 96)
+      inner.write(b);
+    }
+    void sync() { inner.sync(); }
+    void publish() { inner.publish(); }
+  };
+  writer create(std::string_view key) { return {ckpt::memory_storage::create(key), this}; }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("shard files are identical whatever the threads and buffer memory", C, ckpt::raw, ckpt::zstd,
+                   ckpt::zstd_bytegroup) {
+  big_state s;
+  s.randomise(5);
+  const auto reference = saved_file<C>(1, std::uint64_t{256} << 20, s);
+  for (unsigned threads : {2u, 3u, 8u})
+    for (std::uint64_t buffer : {std::uint64_t{1}, std::uint64_t{10000}, std::uint64_t{256} << 20}) {
+      CAPTURE(threads);
+      CAPTURE(buffer);
+      CHECK(saved_file<C>(threads, buffer, s) == reference);
+    }
+}
+
+TEST_CASE("a save holds no more staged chunks than buffer_bytes allows") {
+  std::atomic<long> staged{0}, most{0};
+  watching_storage store;
+  store.staged = &staged;
+  store.most_unwritten = &most;
+  std::vector<float> w(1000 * 200);  // 200 chunks of 4000 bytes
+  test::fill_random(w, 1);
+  struct one {
+    std::vector<float>* w;
+    void checkpoint(ckpt::visitor& v) { v.tensor("w", *w); }
+  } st{&w};
+  ckpt::checkpointer<ckpt::single_process, watching_storage, ckpt::raw, counting_device> cp{
+      {}, store, {.chunk_bytes = 4000, .threads = 4, .buffer_bytes = 3 * 4000}, {}, counting_device{&staged}};
+  cp.save(1, st);
+  CHECK(staged == 200);
+  CHECK(*store.written == 200);
+  CHECK(most <= 3);  // three slots of one chunk each
+  CHECK(most >= 1);
+  std::vector<float> back(w.size());
+  one lt{&back};
+  cp.load(lt);
+  CHECK(back == w);
+}
+
+TEST_CASE_TEMPLATE("loads read in parallel and verify every chunk", B, test::posix_backend, test::memory_backend) {
+  B backend;
+  for (unsigned threads : {1u, 4u}) {
+    CAPTURE(threads);
+    ckpt::checkpointer<ckpt::single_process, typename B::storage> cp{{}, backend.make(), {.chunk_bytes = 64, .threads = threads}};
+    every_dtype_state saved, loaded;
+    saved.randomise(threads);
+    cp.save(threads, saved);
+    const auto r = cp.load(loaded);
+    CHECK(loaded == saved);
+    CHECK(r.bytes_read > 0);
+  }
+}
+
+TEST_CASE("save_async returns after the snapshot: later changes to the tensors are not saved") {
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.chunk_bytes = 1000}};
+  big_state s;
+  s.randomise(1);
+  const big_state at_save = s;
+  auto pending = cp.save_async(10, s);
+  CHECK(pending.valid());
+  s.randomise(2);  // the caller goes on training at once
+  pending.wait();
+  CHECK(pending.done());
+  CHECK(cp.latest() == "global_step10");
+  big_state back;
+  cp.load(back);
+  CHECK(back == at_save);
+  CHECK_FALSE(back == s);
+}
+
+TEST_CASE("save_async: at most one in flight, the next save waits, buffers are reused") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path(), {.chunk_bytes = 4096}};
+  big_state s;
+  std::vector<big_state> saved;
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    s.randomise(step);
+    saved.push_back(s);
+    auto h = cp.save_async(step, s);  // each waits for the one before
+    (void)h;
+  }
+  cp.save(5, s);  // a synchronous save waits too
+  CHECK(cp.tags().size() == 5);
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    big_state back;
+    cp.load(back, {.iteration = step});
+    CHECK(back == saved[step - 1]);
+  }
+}
+
+TEST_CASE("save_async: a failure surfaces in wait(), or else in the next call, and the last good checkpoint stays") {
+  ckpt::memory_storage mem;
+  test::failing_storage<ckpt::memory_storage> store(mem);
+  ckpt::checkpointer<ckpt::single_process, test::failing_storage<ckpt::memory_storage>> cp{{}, store, {.chunk_bytes = 4096}};
+  big_state good, s;
+  good.randomise(1);
+  cp.save(1, good);
+
+  // Reported by wait(); the next call goes ahead.
+  s.randomise(2);
+  store.fail_at(3, ENOSPC);
+  auto h = cp.save_async(2, s);
+  auto e = catch_error([&] { h.wait(); });
+  CHECK(e.kind() == ckpt::error_kind::io);
+  CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+  CHECK(std::string(e.what()).find("No space left") != std::string::npos);
+  CHECK(h.done());
+  store.fail_at(-1);
+  big_state back;
+  cp.load(back);
+  CHECK(back == good);
+
+  // Never waited for: the next save throws it instead of saving, and the one after works.
+  store.fail_at(3, EIO);
+  (void)cp.save_async(3, s);
+  e = catch_error([&] { cp.save(4, s); });
+  CHECK(std::string(e.what()).find("Input/output error") != std::string::npos);
+  store.fail_at(-1);
+  CHECK(cp.latest() == "global_step1");
+  cp.save(4, s);
+  cp.load(back);
+  CHECK(back == s);
+}
+
+TEST_CASE("destroying a checkpointer finishes its save_async") {
+  test::temp_dir dir;
+  big_state s;
+  s.randomise(3);
+  {
+    ckpt::checkpointer<> cp{{}, dir.path()};
+    (void)cp.save_async(7, s);
+  }
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  big_state back;
+  CHECK(cp.load(back).iteration == 7);
+  CHECK(back == s);
+}
