@@ -88,6 +88,9 @@ struct user_codec : codec_without_id {
 }  // namespace
 static_assert(ckpt::Codec<ckpt::raw>);
 static_assert(ckpt::Codec<user_codec>);
+static_assert(ckpt::Codec<ckpt::zstd>);
+static_assert(ckpt::Codec<ckpt::zstd_bytegroup>);
+static_assert(ckpt::Codec<ckpt::auto_codec>);
 static_assert(!ckpt::Codec<codec_without_id>);
 
 // DevicePolicy

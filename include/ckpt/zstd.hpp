@@ -6,6 +6,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -45,10 +46,61 @@ inline void zstd_decompress_exact(std::span<const std::byte> in, std::span<std::
     throw error(error_kind::corrupt, "zstd frames hold " + std::to_string(n) + " bytes, the chunk holds " + std::to_string(out.size()));
 }
 
+/// Compresses `in` as one zstd frame, on a compression context kept per thread (creating one
+/// per chunk costs more than compressing a small chunk).
 inline std::size_t zstd_compress_into(std::span<const std::byte> in, std::span<std::byte> out, int level) {
-  const auto n = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), level);
+  struct context {
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    ~context() { ZSTD_freeCCtx(cctx); }
+  };
+  thread_local context ctx;
+  if (!ctx.cctx) throw error(error_kind::io, "zstd: cannot create a compression context (out of memory)");
+  const auto n = ZSTD_compressCCtx(ctx.cctx, out.data(), out.size(), in.data(), in.size(), level);
   if (ZSTD_isError(n)) throw error(error_kind::invalid_argument, std::string("zstd: ") + ZSTD_getErrorName(n));
   return n;
+}
+
+/// Bytes of a frame that stores `n` bytes uncompressed (see zstd_store).
+inline std::size_t zstd_stored_frame_size(std::size_t n) noexcept {
+  constexpr std::size_t block = 128 * 1024;
+  return 4 + 1 + 8 + 3 * std::max<std::size_t>(1, (n + block - 1) / block) + n;
+}
+
+/// Writes `in` as a standard zstd frame of raw (uncompressed) blocks: RFC 8878 magic, a
+/// single-segment frame header with an 8-byte content size, then blocks of at most 128 KiB.
+/// For bytes zstd cannot shrink (float mantissas) this is a memcpy instead of a futile search
+/// for matches, and any zstd decoder still reads it.
+inline std::size_t zstd_store(std::span<const std::byte> in, std::span<std::byte> out) {
+  constexpr std::size_t block = 128 * 1024;
+  if (out.size() < zstd_stored_frame_size(in.size())) throw error(error_kind::invalid_argument, "zstd: output buffer too small");
+  std::byte* p = out.data();
+  auto put = [&](std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) *p++ = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+  };
+  put(0xFD2FB528u, 4);  // magic number
+  put(0xE0, 1);         // frame header descriptor: 8-byte content size, single segment, no checksum
+  put(in.size(), 8);
+  std::size_t at = 0;
+  do {
+    const std::size_t n = std::min(block, in.size() - at);
+    const bool last = at + n == in.size();
+    put((static_cast<std::uint64_t>(n) << 3) | (0u << 1) | (last ? 1u : 0u), 3);  // raw block
+    if (n) std::memcpy(p, in.data() + at, n);
+    p += n;
+    at += n;
+  } while (at < in.size());
+  return static_cast<std::size_t>(p - out.data());
+}
+
+/// Compresses one byte plane: zstd when a sample of it compresses, stored as raw blocks when
+/// it does not (within 3%), which is what float mantissa planes do.
+inline std::size_t zstd_plane(std::span<const std::byte> in, std::span<std::byte> out, int level) {
+  constexpr std::size_t sample = 64 * 1024;
+  if (in.size() > 2 * sample) {
+    const auto n = zstd_compress_into(in.first(sample), out, level);
+    if (n * 100 >= sample * 97) return zstd_store(in, out);
+  }
+  return zstd_compress_into(in, out, level);
 }
 }  // namespace detail
 
@@ -68,11 +120,54 @@ struct zstd {
   void decode(std::span<const std::byte> in, dtype, std::span<std::byte> out) const { detail::zstd_decompress_exact(in, out); }
 };
 
-/// zstd over byte planes (codec id 2), after ZipNN: the bytes of each element are regrouped so
-/// that byte k of every element sits together, and each plane is its own zstd frame. For
-/// floats the planes holding sign and exponent are highly compressible and the low mantissa
-/// planes are not; regrouping lets zstd find the former and store the latter almost raw.
-/// One-byte dtypes are compressed as they are.
+namespace detail {
+/// Rotates an element's bits left by one, so the sign moves to the lowest bit and a float's
+/// exponent fills the top byte (bf16, f32) or starts it (f16, f64): the planes then separate
+/// the exponent, which compresses well, from the mantissa, which does not (ZipNN).
+template <class U>
+constexpr U rotl1(U v) noexcept { return static_cast<U>((v << 1) | (v >> (8 * sizeof(U) - 1))); }
+template <class U>
+constexpr U rotr1(U v) noexcept { return static_cast<U>((v >> 1) | (v << (8 * sizeof(U) - 1))); }
+
+/// Splits `count` elements of `E` bytes into E planes (plane k holds byte k of every element,
+/// little-endian), rotating floats first.
+template <class U>
+void to_planes(const std::byte* in, std::byte* planes, std::size_t count, bool rotate) {
+  constexpr std::size_t E = sizeof(U);
+  for (std::size_t i = 0; i < count; ++i) {
+    U v;
+    std::memcpy(&v, in + i * E, E);
+    if (rotate) v = rotl1(v);
+    for (std::size_t k = 0; k < E; ++k) planes[k * count + i] = static_cast<std::byte>((v >> (8 * k)) & 0xff);
+  }
+}
+template <class U>
+void from_planes(const std::byte* planes, std::byte* out, std::size_t count, bool rotate) {
+  constexpr std::size_t E = sizeof(U);
+  for (std::size_t i = 0; i < count; ++i) {
+    U v = 0;
+    for (std::size_t k = 0; k < E; ++k) v = static_cast<U>(v | (static_cast<U>(planes[k * count + i]) << (8 * k)));
+    if (rotate) v = rotr1(v);
+    std::memcpy(out + i * E, &v, E);
+  }
+}
+template <class F>
+void with_element_type(std::size_t e, F&& f) {
+  switch (e) {
+    case 2: return f(std::uint16_t{});
+    case 4: return f(std::uint32_t{});
+    default: return f(std::uint64_t{});
+  }
+}
+}  // namespace detail
+
+/// zstd over byte planes (codec id 2), after ZipNN. For an element size e > 1 the elements of a
+/// floating dtype are first rotated left by one bit (sign to the bottom, so the exponent fills
+/// the top byte); then byte k of every element is gathered into plane k, and each plane is its
+/// own zstd frame: the exponent plane compresses well, the mantissa planes hardly at all and
+/// are stored as raw zstd blocks without a futile search. One-byte dtypes are compressed as
+/// they are. On bf16 weights from N(0, 0.02) this stores about 1.46× less than raw, against
+/// 1.28× for plain zstd, and encodes faster (docs/performance.md).
 ///
 /// @code
 /// ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::zstd_bytegroup> cp{{}, dir};
@@ -82,31 +177,63 @@ struct zstd_bytegroup {
   int level = 1;
 
   std::size_t max_encoded_size(std::size_t n) const noexcept {
-    return 8 * ZSTD_compressBound(n / 8 + 1) + ZSTD_compressBound(n);  // up to 8 frames
+    return 8 * std::max(ZSTD_compressBound(n / 2 + 1), detail::zstd_stored_frame_size(n / 2 + 1)) + ZSTD_compressBound(n);
   }
 
   std::size_t encode(std::span<const std::byte> in, dtype t, std::span<std::byte> out) const {
     const std::size_t e = size_of(t);
     if (e == 1 || in.size() % e != 0) return detail::zstd_compress_into(in, out, level);
     const std::size_t count = in.size() / e;
-    std::vector<std::byte> planes(in.size());
-    for (std::size_t i = 0; i < count; ++i)
-      for (std::size_t k = 0; k < e; ++k) planes[k * count + i] = in[i * e + k];
+    thread_local std::vector<std::byte> planes;  // reused: one allocation per thread, not per chunk
+    planes.resize(in.size());
+    detail::with_element_type(e, [&](auto u) { detail::to_planes<decltype(u)>(in.data(), planes.data(), count, is_floating(t)); });
     std::size_t used = 0;
     for (std::size_t k = 0; k < e; ++k)
-      used += detail::zstd_compress_into(std::span(planes).subspan(k * count, count), out.subspan(used), level);
+      used += detail::zstd_plane(std::span<const std::byte>(planes).subspan(k * count, count), out.subspan(used), level);
     return used;
   }
 
   void decode(std::span<const std::byte> in, dtype t, std::span<std::byte> out) const {
     const std::size_t e = size_of(t);
     if (e == 1 || out.size() % e != 0) return detail::zstd_decompress_exact(in, out);
-    std::vector<std::byte> planes(out.size());
+    thread_local std::vector<std::byte> planes;
+    planes.resize(out.size());
     detail::zstd_decompress_exact(in, planes);
-    const std::size_t count = out.size() / e;
-    for (std::size_t i = 0; i < count; ++i)
-      for (std::size_t k = 0; k < e; ++k) out[i * e + k] = planes[k * count + i];
+    detail::with_element_type(e, [&](auto u) { detail::from_planes<decltype(u)>(planes.data(), out.data(), out.size() / e, is_floating(t)); });
   }
+};
+
+/// Chooses the codec tensor by tensor: floating-point tensors → `zstd_bytegroup`, other dtypes
+/// → `zstd`, tensors under `min_bytes` → raw (too small to repay compressing, and read in place
+/// on load). Every chunk records the codec it was stored with, so any checkpointer reads them.
+///
+/// @code
+/// ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::auto_codec> cp{{}, dir, {}, {.level = 3}};
+/// @endcode
+struct auto_codec {
+  /// The id most of its chunks carry; each chunk records its own (`id_for`).
+  static constexpr std::uint8_t id = zstd_bytegroup::id;
+  int level = 1;
+  std::uint64_t min_bytes = 64 * 1024;
+
+  /// The codec of every chunk of a tensor of dtype `t` and `tensor_bytes` bytes.
+  std::uint8_t id_for(dtype t, std::uint64_t tensor_bytes) const noexcept {
+    if (tensor_bytes < min_bytes) return 0;
+    return is_floating(t) ? zstd_bytegroup::id : zstd::id;
+  }
+  std::size_t max_encoded_size(std::size_t n) const noexcept {
+    return std::max(zstd_bytegroup{level}.max_encoded_size(n), zstd{level}.max_encoded_size(n));
+  }
+  /// Encodes with the codec `id_for` chose for the tensor.
+  std::size_t encode_with(std::uint8_t chosen, std::span<const std::byte> in, dtype t, std::span<std::byte> out) const {
+    if (chosen == zstd_bytegroup::id) return zstd_bytegroup{level}.encode(in, t, out);
+    if (chosen == zstd::id) return zstd{level}.encode(in, t, out);
+    throw error(error_kind::invalid_argument, "auto_codec: no codec " + std::to_string(chosen));
+  }
+  std::size_t encode(std::span<const std::byte> in, dtype t, std::span<std::byte> out) const {
+    return encode_with(is_floating(t) ? zstd_bytegroup::id : zstd::id, in, t, out);
+  }
+  void decode(std::span<const std::byte> in, dtype t, std::span<std::byte> out) const { zstd_bytegroup{}.decode(in, t, out); }
 };
 
 }  // namespace ckpt
