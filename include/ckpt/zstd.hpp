@@ -5,6 +5,10 @@
 
 #include <zstd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <cstdint>
@@ -47,15 +51,25 @@ inline void zstd_decompress_exact(std::span<const std::byte> in, std::span<std::
 }
 
 /// Compresses `in` as one zstd frame, on a compression context kept per thread (creating one
-/// per chunk costs more than compressing a small chunk).
-inline std::size_t zstd_compress_into(std::span<const std::byte> in, std::span<std::byte> out, int level) {
+/// per chunk costs more than compressing a small chunk). `float_plane` tunes the match finder
+/// for a plane of float exponents: a tiny hash table and 7-byte minimum matches leave the
+/// repetitive but match-poor bytes to the entropy coder, which both compresses them better
+/// (bf16 exponents of N(0, 0.02): 3.07× against 2.78×) and runs about twice as fast.
+inline std::size_t zstd_compress_into(std::span<const std::byte> in, std::span<std::byte> out, int level,
+                                      bool float_plane = false) {
   struct context {
     ZSTD_CCtx* cctx = ZSTD_createCCtx();
     ~context() { ZSTD_freeCCtx(cctx); }
   };
   thread_local context ctx;
   if (!ctx.cctx) throw error(error_kind::io, "zstd: cannot create a compression context (out of memory)");
-  const auto n = ZSTD_compressCCtx(ctx.cctx, out.data(), out.size(), in.data(), in.size(), level);
+  ZSTD_CCtx_reset(ctx.cctx, ZSTD_reset_session_and_parameters);
+  ZSTD_CCtx_setParameter(ctx.cctx, ZSTD_c_compressionLevel, level);
+  if (float_plane) {
+    ZSTD_CCtx_setParameter(ctx.cctx, ZSTD_c_minMatch, 7);
+    ZSTD_CCtx_setParameter(ctx.cctx, ZSTD_c_hashLog, 6);
+  }
+  const auto n = ZSTD_compress2(ctx.cctx, out.data(), out.size(), in.data(), in.size());
   if (ZSTD_isError(n)) throw error(error_kind::invalid_argument, std::string("zstd: ") + ZSTD_getErrorName(n));
   return n;
 }
@@ -94,13 +108,13 @@ inline std::size_t zstd_store(std::span<const std::byte> in, std::span<std::byte
 
 /// Compresses one byte plane: zstd when a sample of it compresses, stored as raw blocks when
 /// it does not (within 3%), which is what float mantissa planes do.
-inline std::size_t zstd_plane(std::span<const std::byte> in, std::span<std::byte> out, int level) {
+inline std::size_t zstd_plane(std::span<const std::byte> in, std::span<std::byte> out, int level, bool float_plane) {
   constexpr std::size_t sample = 64 * 1024;
   if (in.size() > 2 * sample) {
-    const auto n = zstd_compress_into(in.first(sample), out, level);
+    const auto n = zstd_compress_into(in.first(sample), out, level, float_plane);
     if (n * 100 >= sample * 97) return zstd_store(in, out);
   }
-  return zstd_compress_into(in, out, level);
+  return zstd_compress_into(in, out, level, float_plane);
 }
 }  // namespace detail
 
@@ -129,22 +143,89 @@ constexpr U rotl1(U v) noexcept { return static_cast<U>((v << 1) | (v >> (8 * si
 template <class U>
 constexpr U rotr1(U v) noexcept { return static_cast<U>((v >> 1) | (v << (8 * sizeof(U) - 1))); }
 
-/// Splits `count` elements of `E` bytes into E planes (plane k holds byte k of every element,
-/// little-endian), rotating floats first.
+/// Splits `count` elements of `sizeof(U)` bytes into planes (plane k, at planes + k * count,
+/// holds byte k of every element, little-endian), rotating floats first. The two- and four-byte
+/// cases, which are what models are made of, use SSE2 (every x86-64 has it): six times faster
+/// than the byte loop, which would otherwise cost more than compressing.
 template <class U>
 void to_planes(const std::byte* in, std::byte* planes, std::size_t count, bool rotate) {
   constexpr std::size_t E = sizeof(U);
-  for (std::size_t i = 0; i < count; ++i) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  if constexpr (E == 2) {
+    const __m128i low = _mm_set1_epi16(0xff);
+    const int r = rotate ? 1 : 0;
+    for (; i + 16 <= count; i += 16) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i + 16));
+      if (r) {
+        a = _mm_or_si128(_mm_slli_epi16(a, 1), _mm_srli_epi16(a, 15));
+        b = _mm_or_si128(_mm_slli_epi16(b, 1), _mm_srli_epi16(b, 15));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + i), _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + count + i), _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+    }
+  } else if constexpr (E == 4) {
+    const __m128i low = _mm_set1_epi32(0xff);
+    for (; i + 16 <= count; i += 16) {
+      __m128i v[4];
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 4 * i + 16 * static_cast<std::size_t>(j)));
+        if (rotate) v[j] = _mm_or_si128(_mm_slli_epi32(v[j], 1), _mm_srli_epi32(v[j], 31));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const __m128i s = _mm_cvtsi32_si128(8 * k);
+        __m128i x[4];
+        for (int j = 0; j < 4; ++j) x[j] = _mm_and_si128(_mm_srl_epi32(v[j], s), low);
+        const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(x[0], x[1]), _mm_packs_epi32(x[2], x[3]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + static_cast<std::size_t>(k) * count + i), bytes);
+      }
+    }
+  }
+#endif
+  for (; i < count; ++i) {
     U v;
     std::memcpy(&v, in + i * E, E);
     if (rotate) v = rotl1(v);
     for (std::size_t k = 0; k < E; ++k) planes[k * count + i] = static_cast<std::byte>((v >> (8 * k)) & 0xff);
   }
 }
+
+/// The inverse of to_planes.
 template <class U>
 void from_planes(const std::byte* planes, std::byte* out, std::size_t count, bool rotate) {
   constexpr std::size_t E = sizeof(U);
-  for (std::size_t i = 0; i < count; ++i) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  if constexpr (E == 2) {
+    for (; i + 16 <= count; i += 16) {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + i));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + count + i));
+      __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);
+      if (rotate) {
+        a = _mm_or_si128(_mm_srli_epi16(a, 1), _mm_slli_epi16(a, 15));
+        b = _mm_or_si128(_mm_srli_epi16(b, 1), _mm_slli_epi16(b, 15));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i + 16), b);
+    }
+  } else if constexpr (E == 4) {
+    for (; i + 16 <= count; i += 16) {
+      __m128i b[4];
+      for (int k = 0; k < 4; ++k)
+        b[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + static_cast<std::size_t>(k) * count + i));
+      const __m128i t01lo = _mm_unpacklo_epi8(b[0], b[1]), t01hi = _mm_unpackhi_epi8(b[0], b[1]);
+      const __m128i t23lo = _mm_unpacklo_epi8(b[2], b[3]), t23hi = _mm_unpackhi_epi8(b[2], b[3]);
+      __m128i v[4] = {_mm_unpacklo_epi16(t01lo, t23lo), _mm_unpackhi_epi16(t01lo, t23lo),
+                      _mm_unpacklo_epi16(t01hi, t23hi), _mm_unpackhi_epi16(t01hi, t23hi)};
+      for (int j = 0; j < 4; ++j) {
+        if (rotate) v[j] = _mm_or_si128(_mm_srli_epi32(v[j], 1), _mm_slli_epi32(v[j], 31));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * i + 16 * static_cast<std::size_t>(j)), v[j]);
+      }
+    }
+  }
+#endif
+  for (; i < count; ++i) {
     U v = 0;
     for (std::size_t k = 0; k < E; ++k) v = static_cast<U>(v | (static_cast<U>(planes[k * count + i]) << (8 * k)));
     if (rotate) v = rotr1(v);
@@ -166,7 +247,7 @@ void with_element_type(std::size_t e, F&& f) {
 /// the top byte); then byte k of every element is gathered into plane k, and each plane is its
 /// own zstd frame: the exponent plane compresses well, the mantissa planes hardly at all and
 /// are stored as raw zstd blocks without a futile search. One-byte dtypes are compressed as
-/// they are. On bf16 weights from N(0, 0.02) this stores about 1.46× less than raw, against
+/// they are. On bf16 weights from N(0, 0.02) this stores about 1.51× less than raw, against
 /// 1.28× for plain zstd, and encodes faster (docs/performance.md).
 ///
 /// @code
@@ -189,7 +270,8 @@ struct zstd_bytegroup {
     detail::with_element_type(e, [&](auto u) { detail::to_planes<decltype(u)>(in.data(), planes.data(), count, is_floating(t)); });
     std::size_t used = 0;
     for (std::size_t k = 0; k < e; ++k)
-      used += detail::zstd_plane(std::span<const std::byte>(planes).subspan(k * count, count), out.subspan(used), level);
+      used += detail::zstd_plane(std::span<const std::byte>(planes).subspan(k * count, count), out.subspan(used), level,
+                                 is_floating(t));
     return used;
   }
 
