@@ -559,12 +559,15 @@ class checkpointer {
   /// Rank 0: merge the ranks' indexes, check the tiling, write metadata.json, then latest.
   void commit(const std::string& tag, std::uint64_t iteration, const config& cfg,
               const std::vector<std::vector<std::byte>>& reports) {
-    auto md = detail::merge_reports(tag, iteration, policy_.topology(), cfg, reports);
-    const auto map = detail::encode_chunk_map(md);
+    // The previous commit's tables and chunk map buffer are reused (see merge_reports).
+    auto md = detail::merge_reports(tag, iteration, policy_.topology(), cfg, reports, detail::merge_threads(), &last_commit_);
+    auto& map = chunk_map_buffer_;
+    detail::encode_chunk_map(md, map);
     md.chunk_map.size = map.size();
     md.chunk_map.xxh3 = detail::xxh3(map);
     write_file(tag + "/" + md.chunk_map.path, map);
     write_file(tag + "/" + std::string(detail::metadata_file), detail::encode_metadata(md));  // the commit point
+    last_commit_ = std::move(md);
     write_file(std::string(detail::latest_file), detail::encode_latest(tag));
   }
 
@@ -981,6 +984,9 @@ class checkpointer {
   std::thread background_;
   std::shared_ptr<detail::async_save_state> pending_;
   std::vector<std::vector<std::byte>> snapshot_;  // async saves' copies of the tensors, reused
+  // Rank 0's last commit: its chunk tables and chunk map buffer are reused by the next one.
+  detail::metadata last_commit_;
+  std::string chunk_map_buffer_;
 };
 
 }  // namespace ckpt

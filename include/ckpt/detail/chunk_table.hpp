@@ -59,6 +59,9 @@ struct chunk_table {
     xxh3.reserve(n);
   }
 
+  /// Empties every column, keeping their memory for the next use.
+  void clear() noexcept { resize(0); }
+
   void resize(std::size_t n) {
     file.resize(n);
     coords.resize(n * 2 * ndim);

@@ -84,9 +84,13 @@ inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardwa
 /// `threads` workers at once; each worker owns the tensors whose first sighting falls to it
 /// (the i-th distinct name goes to worker i mod threads) and copies only their chunks, stepping
 /// over the others, so no two workers write the same table and no locks are needed.
+///
+/// `recycle`, when given, is the previous commit's metadata: its chunk tables are emptied and
+/// reused, so a job that commits every N steps allocates (and page-faults in) its chunk
+/// columns once, not at every commit.
 inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
                               const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
-                              unsigned threads = merge_threads()) {
+                              unsigned threads = merge_threads(), metadata* recycle = nullptr) {
   metadata md;
   md.tag = tag;
   md.iteration = iteration;
@@ -114,6 +118,9 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
     std::exception_ptr failure;
   };
   std::vector<worker> workers(threads);
+  std::vector<std::vector<chunk_table>> spare(threads);  // recycled tables, dealt out to the workers
+  if (recycle)
+    for (std::size_t i = 0; i < recycle->tensors.size(); ++i) spare[i % threads].push_back(std::move(recycle->tensors[i].chunks));
   auto run = [&](unsigned w) {
     auto& me = workers[w];
     try {
@@ -139,6 +146,11 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
                     t.name = std::string(name);
                     t.type = type;
                     t.shape = shape;
+                    if (!spare[w].empty()) {
+                      t.chunks = std::move(spare[w].back());
+                      spare[w].pop_back();
+                      t.chunks.clear();
+                    }
                     t.chunks.ndim = static_cast<std::uint32_t>(shape.size());
                   }
                 }

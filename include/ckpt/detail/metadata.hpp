@@ -284,13 +284,15 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
 
 inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C', 'M', 'A', 'P'};
 
-inline std::string encode_chunk_map(const metadata& md) {
+/// Encodes chunk_map.bin into `out`, reusing its memory (a commit at scale writes hundreds of
+/// MB; reusing the buffer of the previous commit saves faulting them in again).
+inline void encode_chunk_map(const metadata& md, std::string& out) {
   // The same bytes cereal's PortableBinary archive writes for these fields (byte-order flag,
   // then little-endian integers and column blocks), laid down with memcpy into a buffer of the
   // exact size: at millions of chunks, going through an ostream costs more than the write.
   std::uint64_t size = 16 + 1 + 8;
   for (const auto& t : md.tensors) size += table_bytes(t.chunks);
-  std::string out(size, '\0');
+  out.resize(size);
   auto* p = reinterpret_cast<std::byte*>(out.data());
   auto put = [&](const void* src, std::size_t n) {
     std::memcpy(p, src, n);
@@ -305,6 +307,11 @@ inline std::string encode_chunk_map(const metadata& md) {
   const std::uint64_t count = md.tensors.size();
   put(&count, 8);
   for (const auto& t : md.tensors) p = put_table(p, t.chunks);
+}
+
+inline std::string encode_chunk_map(const metadata& md) {
+  std::string out;
+  encode_chunk_map(md, out);
   return out;
 }
 
