@@ -73,6 +73,33 @@ TEST_CASE("leftovers of a crashed save are removed by the next save, even with r
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step10", "global_step30"});
 }
 
+TEST_CASE("a save killed while writing its marker leaves a directory the next saves recognise and reuse") {
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  tiny s;
+  cp.save(10, s);
+  // Killed between creating the tag directory and renaming the marker into place: only the
+  // marker's temporary file is there. Found by the crash campaign.
+  fs::create_directories(dir.path() / "global_step20");
+  std::ofstream(dir.path() / "global_step20" / ".ckpt_tag.tmp.4242.0") << "written by ckpt";
+  fs::create_directories(dir.path() / "global_step30");
+  std::ofstream(dir.path() / "global_step30" / ".ckpt_tag.tmp.4242.1") << "";
+  fs::create_directories(dir.path() / "global_step35");  // killed right after mkdir: empty
+  cp.save(20, s);  // the restarted run saves the same tag: not refused
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step10", "global_step20"});
+  CHECK_FALSE(fs::exists(dir.path() / "global_step30"));  // cleaned up like any crashed save
+  CHECK(fs::exists(dir.path() / "global_step35"));  // empty: may be anyone's, left alone...
+  cp.save(35, s);                                    // ...and saved into without complaint
+  CHECK(cp.latest() == "global_step35");
+  // With anything else beside it, the directory is not ckpt's and stays untouched.
+  fs::create_directories(dir.path() / "global_step40");
+  std::ofstream(dir.path() / "global_step40" / ".ckpt_tag.tmp.1.0") << "";
+  std::ofstream(dir.path() / "global_step40" / "mine.txt") << "mine";
+  CHECK_THROWS_AS(cp.save(40, s), ckpt::error);
+  cp.save(50, s);
+  CHECK(fs::exists(dir.path() / "global_step40" / "mine.txt"));
+}
+
 TEST_CASE("retention works the same on memory storage") {
   ckpt::memory_storage mem;
   ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.keep_last_n = 3}};

@@ -506,6 +506,17 @@ class checkpointer {
     return tag + "/" + md.chunk_map.path;
   }
 
+  /// Whether `tag` is a directory ckpt started: it holds ckpt's marker, or nothing but the
+  /// temporary file of a marker whose writer was killed before renaming it. (An empty
+  /// directory may be anyone's, so it is left alone; a save into it still works.)
+  bool started_by_ckpt(const std::string& tag) const {
+    if (storage_.size(tag + "/" + std::string(detail::marker_file))) return true;
+    const auto entries = storage_.list(tag);
+    const std::string temp_marker = std::string(detail::marker_file) + ".tmp.";
+    return !entries.empty() &&
+           std::all_of(entries.begin(), entries.end(), [&](const std::string& e) { return e.starts_with(temp_marker); });
+  }
+
   bool committed(const std::string& tag) const {
     return storage_.size(tag + "/" + std::string(detail::metadata_file)).has_value();
   }
@@ -533,7 +544,7 @@ class checkpointer {
     // One with ckpt's marker but no metadata.json is what a crashed save left: start afresh.
     const auto existing = storage_.list(tag);
     if (!existing.empty()) {
-      if (!storage_.size(tag + "/" + std::string(detail::marker_file)))
+      if (!started_by_ckpt(tag))
         throw error(error_kind::invalid_argument, storage_.describe(tag) +
                                                       " exists and was not written by ckpt; refusing to save into it");
       if (!committed(tag)) storage_.remove_all(tag);
@@ -588,8 +599,7 @@ class checkpointer {
       }
       if (name == current || !tag_problem(name).empty()) continue;
       if (committed(name)) continue;  // handled below, through tags()
-      if (storage_.size(name + "/" + std::string(detail::marker_file)))
-        storage_.remove_all(name);  // a save that never committed
+      if (started_by_ckpt(name)) storage_.remove_all(name);  // a save that never committed
     }
     if (options_.keep_last_n == 0) return;
     const auto last = latest();  // throws rather than guess which tag latest names
