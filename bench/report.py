@@ -1,0 +1,349 @@
+#!/usr/bin/python3
+"""Runs every benchmark under bench/ and writes docs/performance.md and its plots (docs/img/).
+
+    /usr/bin/python3 bench/report.py [--build build] [--dir /var/tmp] [--runs 5] [--gib 1] [--quick]
+
+Every figure is a ratio to a baseline measured in the same run (raw write/read of the same
+bytes, memcpy, torch.save/torch.load), and the table gives the median over the runs. Needs
+Debian's python3-torch and python3-matplotlib (run it with /usr/bin/python3).
+"""
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, env=None):
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return out
+
+
+def figures(text):
+    """ "name value" lines -> {name: [values]}"""
+    d = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                d.setdefault(parts[0], []).append(float(parts[1]))
+            except ValueError:
+                pass
+    return d
+
+
+def med(d, k):
+    return statistics.median(d[k])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--rss-gib", type=float, default=4.0)
+    ap.add_argument("--quick", action="store_true", help="skip the multi-process benchmarks")
+    a = ap.parse_args()
+    b = os.path.join(ROOT, a.build, "bench")
+    runs = str(a.runs)
+    gib = str(a.gib)
+    res = {}
+
+    # Single process: codecs, throughput, memory.
+    res["codecs"] = figures(run([f"{b}/save_load", "--codecs", "--runs", runs]))
+    for w in ("fp32", "bf16_adam"):
+        res[w] = figures(run([f"{b}/save_load", "--dir", a.dir, "--workload", w, "--gib", gib, "--runs", runs]))
+    res["rss_raw"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "raw"]))
+    res["rss_bg"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "zstd_bytegroup"]))
+
+    # The torch peer, alternated with ckpt run by run so both see the same machine.
+    peer = {}
+    for w in ("fp32", "bf16_adam"):
+        p = {}
+        for _ in range(a.runs):
+            t = figures(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_peer.py"), "--dir", a.dir,
+                             "--workload", w, "--gib", gib]))
+            c = figures(run([f"{b}/save_load", "--dir", a.dir, "--once", w, "--gib", gib]))
+            lt = {}
+            if os.path.exists(f"{b}/libtorch_peer"):
+                lt = figures(run([f"{b}/libtorch_peer", "--dir", a.dir, "--workload", w, "--gib", gib]))
+                p.setdefault("save_vs_libtorch", []).append(lt["libtorch_save_s"][0] / c["save_s"][0])
+                p.setdefault("load_cold_vs_libtorch", []).append(lt["libtorch_load_cold_s"][0] / c["load_cold_s"][0])
+                p.setdefault("load_warm_vs_libtorch", []).append(lt["libtorch_load_warm_s"][0] / c["load_warm_s"][0])
+            for k, v in list(t.items()) + list(c.items()) + list(lt.items()):
+                p.setdefault(k, []).extend(v)
+            p.setdefault("save_vs_torch", []).append(t["torch_save_s"][0] / c["save_s"][0])
+            p.setdefault("load_cold_vs_torch", []).append(t["torch_load_cold_s"][0] / c["load_cold_s"][0])
+            p.setdefault("load_warm_vs_torch", []).append(t["torch_load_warm_s"][0] / c["load_warm_s"][0])
+        peer[w] = p
+
+    scale = save_scaling = None
+    if not a.quick:
+        scale = run([f"{b}/commit_scale", "--tensors", "1000", "--ranks", "256,512,1024,2048,4096", "--runs", "4"])
+        mpi = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+        env = dict(os.environ, OMPI_MCA_btl="self,vader")
+        save_scaling = ""
+        for np in (1, 2, 4):
+            save_scaling += run(mpi + ["-np", str(np), f"{b}/save_scaling", "--mib", "512", "--runs", "5"], env=env)
+
+    write_doc(a, res, peer, scale, save_scaling)
+
+
+def write_doc(a, res, peer, scale, save_scaling):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f32, bfa, cod = res["fp32"], res["bf16_adam"], res["codecs"]
+    gib = a.gib
+    rows = [
+        # (figure, target text, target value, higher is better, median, workload note)
+        ("sync save, raw codec, fsync'd / raw write+fsync", "≥ 0.90", 0.90, True, med(f32, "save_ratio"), "fp32"),
+        ("", "", 0.90, True, med(bfa, "save_ratio"), "bf16+Adam"),
+        ("load / raw read, page cache dropped", "≥ 0.90", 0.90, True, med(f32, "load_cold_ratio"), "fp32"),
+        ("", "", 0.90, True, med(bfa, "load_cold_ratio"), "bf16+Adam"),
+        ("load / raw read, warm", "≥ 0.90", 0.90, True, med(f32, "load_warm_ratio"), "fp32"),
+        ("", "", 0.90, True, med(bfa, "load_warm_ratio"), "bf16+Adam"),
+        ("save: torch.save+fsync time / ckpt save time", "≥ 3", 3.0, True, med(peer["fp32"], "save_vs_torch"), "fp32"),
+        ("", "", 3.0, True, med(peer["bf16_adam"], "save_vs_torch"), "bf16+Adam"),
+        ("load: torch.load time / ckpt load time, cold", "≥ 3", 3.0, True, med(peer["fp32"], "load_cold_vs_torch"), "fp32"),
+        ("", "", 3.0, True, med(peer["bf16_adam"], "load_cold_vs_torch"), "bf16+Adam"),
+        ("load: torch.load time / ckpt load time, warm", "≥ 3", 3.0, True, med(peer["fp32"], "load_warm_vs_torch"), "fp32"),
+        ("", "", 3.0, True, med(peer["bf16_adam"], "load_warm_vs_torch"), "bf16+Adam"),
+        ("async save: time blocked / memcpy of the state", "≤ 1.25", 1.25, False, med(f32, "async_blocked_ratio"), "fp32"),
+        ("", "", 1.25, False, med(bfa, "async_blocked_ratio"), "bf16+Adam"),
+        ("async save: compute loop during the write / alone", "≥ 0.85", 0.85, True, med(f32, "compute_during_async_ratio"), "fp32"),
+        ("", "", 0.85, True, med(bfa, "compute_during_async_ratio"), "bf16+Adam"),
+        (f"extra peak RSS of a sync save of {a.rss_gib:g} GiB (MiB)", "≤ 300", 300, False,
+         res["rss_raw"]["extra_peak_rss_mib"][0], "fp32, raw"),
+        ("", "", 300, False, res["rss_bg"]["extra_peak_rss_mib"][0], "fp32, zstd_bytegroup"),
+        ("zstd_bytegroup compression ratio", "≥ 1.45", 1.45, True, med(cod, "bf16_bytegroup_ratio"), "bf16"),
+        ("", "≥ 1.17", 1.17, True, med(cod, "fp32_bytegroup_ratio"), "fp32"),
+        ("zstd_bytegroup encode speed / zstd level 1, one thread", "≥ 1.0", 1.0, True,
+         med(cod, "bf16_bytegroup_vs_zstd_speed"), "bf16"),
+        ("", "", 1.0, True, med(cod, "fp32_bytegroup_vs_zstd_speed"), "fp32"),
+        ("encode speed, 2 threads / 1 thread", "≥ 1.7", 1.7, True, med(cod, "bf16_two_threads_speedup"), "bf16"),
+        ("", "", 1.7, True, med(cod, "fp32_two_threads_speedup"), "fp32"),
+    ]
+    img = os.path.join(ROOT, "docs", "img")
+    os.makedirs(img, exist_ok=True)
+
+    # Plot 1: every figure against its target (1.0 = exactly on target, right of it = met).
+    fig, ax = plt.subplots(figsize=(9, 7))
+    labels, scores, colours = [], [], []
+    last = ""
+    for name, _, target, higher, value, note in rows:
+        last = name or last
+        labels.append(f"{last[:48]} [{note}]")
+        s = value / target if higher else target / max(value, 1e-9)
+        scores.append(s)
+        colours.append("tab:green" if s >= 1 else "tab:red")
+    ax.barh(range(len(rows)), scores, color=colours)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("figure / target (right of 1: target met)")
+    ax.set_title("ckpt against issue 4's targets (medians)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(img, "targets.png"), dpi=110)
+    plt.close(fig)
+
+    # Plot 2: seconds per GiB for save and load, ckpt against its peers (fp32 workload).
+    p = peer["fp32"]
+    gb = f32["state_bytes"][0] / 2**30
+    bars = {
+        "raw write+fsync": med(f32, "raw_write_s"), "ckpt save": med(f32, "save_s"),
+        "torch.save+fsync": med(p, "torch_save_s"),
+        "raw read (cold)": med(f32, "raw_read_cold_s"), "ckpt load (cold)": med(f32, "load_cold_s"),
+        "torch.load (cold)": med(p, "torch_load_cold_s"),
+        "raw read (warm)": med(f32, "raw_read_warm_s"), "ckpt load (warm)": med(f32, "load_warm_s"),
+        "torch.load (warm)": med(p, "torch_load_warm_s"),
+    }
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(range(len(bars)), [gb / v for v in bars.values()],
+           color=["grey", "tab:blue", "tab:orange"] * 3)
+    ax.set_xticks(range(len(bars)), list(bars.keys()), rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("GiB/s")
+    ax.set_title(f"fp32 state of {gb:.2f} GiB, medians of {a.runs} runs")
+    fig.tight_layout()
+    fig.savefig(os.path.join(img, "throughput.png"), dpi=110)
+    plt.close(fig)
+
+    scale_rows = []
+    if scale:
+        for line in scale.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 10:
+                scale_rows.append(parts)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ranks = [int(r[0]) for r in scale_rows]
+        ax.plot(ranks, [float(r[9]) for r in scale_rows], "^--", label="first commit of a job (rank 0)")
+        ax.plot(ranks, [float(r[2]) for r in scale_rows], "o-", label="later commits (rank 0)")
+        ax.plot(ranks, [float(r[6]) for r in scale_rows], "s-", label="load planning (each rank)")
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks (× 1000 tensors)")
+        ax.set_ylabel("seconds")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(img, "commit_scale.png"), dpi=110)
+        plt.close(fig)
+
+    today = datetime.date.today().isoformat()
+    out = []
+    w = out.append
+    w("# ckpt performance\n")
+    w("Written by `/usr/bin/python3 bench/report.py` (which runs every benchmark under `bench/`), last on "
+      f"{today}, on the project's development machine: 2 cores, 24 GiB, one local disk, shared with other work "
+      "and noisy. Every figure is a ratio to a baseline measured in the same run; tables give the median of "
+      f"{a.runs} runs; absolute times are for scale only.\n")
+    w("## Against the targets\n")
+    w("![every figure against its target](img/targets.png)\n")
+    w("| figure | workload | median | target | met |")
+    w("|---|---|---:|---:|:---:|")
+    last = ""
+    for name, target_text, target, higher, value, note in rows:
+        ok = value >= target if higher else value <= target
+        w(f"| {name} | {note} | {value:.2f} | {target_text} | {'yes' if ok else '**no**'} |")
+    w("")
+    w(f"Workloads: **fp32**, 200 fp32 tensors of {gib:g} GiB in all, sized like a transformer's (every eighth "
+      "four times the others); **bf16+Adam**, the same tensors in bf16 plus fp32 Adam moments (exp_avg, "
+      f"exp_avg_sq) for each, {2.5 * gib:g} GiB. Values from N(0, 0.02). Saves use the default options "
+      "(raw codec, 4 MiB chunks, one thread per core, 256 MiB of buffers) to a `posix` root on the same "
+      "file system as the baselines.\n")
+    w("## Save and load against the disk\n")
+    w("`build/bench/save_load --workload fp32|bf16_adam --gib 1 --runs 5` (report.py passes `--dir`).\n")
+    w("![throughput against the peers](img/throughput.png)\n")
+    w("| workload | raw write+fsync s | ckpt save s | ratio | raw read cold s | ckpt load cold s | ratio | raw read warm s | ckpt load warm s | ratio |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
+        w(f"| {label} | {med(d, 'raw_write_s'):.3f} | {med(d, 'save_s'):.3f} | {med(d, 'save_ratio'):.2f} | "
+          f"{med(d, 'raw_read_cold_s'):.3f} | {med(d, 'load_cold_s'):.3f} | {med(d, 'load_cold_ratio'):.2f} | "
+          f"{med(d, 'raw_read_warm_s'):.3f} | {med(d, 'load_warm_s'):.3f} | {med(d, 'load_warm_ratio'):.2f} |")
+    w("")
+    w("The baseline writes every tensor with `write(2)` into one file and fsyncs it; ckpt writes the same bytes "
+      "in 4 MiB chunks, each hashed (XXH3) on a worker while the previous one is written, plus the header, footer "
+      "index, chunk map, metadata.json and `latest`, each fsync'd with its directory. Cold reads follow "
+      "`posix_fadvise(DONTNEED)` on every file (the pages are clean after the fsync, so they leave the cache); "
+      "ckpt then verifies each chunk's checksum as it reads it, on as many threads as there are cores.\n")
+    w("## Against torch.save and torch.load\n")
+    w("`/usr/bin/python3 bench/torch_peer.py --workload fp32|bf16_adam --gib 1`, alternated run by run with "
+      "`build/bench/save_load --once …` on the same shapes and dtypes (Debian's python3-torch "
+      f"{torch_version()}). torch.save is followed by flush and fsync; the cold load drops the file from the page "
+      "cache first, as for ckpt.\n")
+    w("| workload | torch.save s | ckpt save s | × faster | torch.load cold s | ckpt load cold s | × faster | torch.load warm s | ckpt load warm s | × faster |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, key in (("fp32", "fp32"), ("bf16+Adam", "bf16_adam")):
+        p = peer[key]
+        w(f"| {label} | {med(p, 'torch_save_s'):.3f} | {med(p, 'save_s'):.3f} | {med(p, 'save_vs_torch'):.2f} | "
+          f"{med(p, 'torch_load_cold_s'):.3f} | {med(p, 'load_cold_s'):.3f} | {med(p, 'load_cold_vs_torch'):.2f} | "
+          f"{med(p, 'torch_load_warm_s'):.3f} | {med(p, 'load_warm_s'):.3f} | {med(p, 'load_warm_vs_torch'):.2f} |")
+    w("")
+    if "save_vs_libtorch" in peer["fp32"]:
+        w("libtorch (`build/bench/libtorch_peer --workload …`, built when Debian's libtorch-dev is installed): "
+          "`torch::save` of the same tensors as a `std::vector<torch::Tensor>`, then fsync; `torch::load`.\n")
+        w("| workload | torch::save s | ckpt save s | × faster | torch::load cold s | ckpt load cold s | × faster | torch::load warm s | ckpt load warm s | × faster |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, key in (("fp32", "fp32"), ("bf16+Adam", "bf16_adam")):
+            p = peer[key]
+            w(f"| {label} | {med(p, 'libtorch_save_s'):.3f} | {med(p, 'save_s'):.3f} | {med(p, 'save_vs_libtorch'):.2f} | "
+              f"{med(p, 'libtorch_load_cold_s'):.3f} | {med(p, 'load_cold_s'):.3f} | {med(p, 'load_cold_vs_libtorch'):.2f} | "
+              f"{med(p, 'libtorch_load_warm_s'):.3f} | {med(p, 'load_warm_s'):.3f} | {med(p, 'load_warm_vs_libtorch'):.2f} |")
+        w("")
+    else:
+        w("libtorch's `torch::save` was not measured in this run (`bench/libtorch_peer` is built only when "
+          "Debian's libtorch-dev is installed).\n")
+    w("## Async save\n")
+    w("Same command. `save_async` is timed from the second save on (the first allocates the snapshot buffers, "
+      "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers. The compute "
+      "loop is a single-threaded multiply-add over 256 KiB, timed while the background save runs and then "
+      "alone.\n")
+    w("| workload | memcpy s | save_async blocked s | ratio | compute during / alone |")
+    w("|---|---:|---:|---:|---:|")
+    for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
+        w(f"| {label} | {med(d, 'memcpy_s'):.3f} | {med(d, 'async_blocked_s'):.3f} | "
+          f"{med(d, 'async_blocked_ratio'):.2f} | {med(d, 'compute_during_async_ratio'):.2f} |")
+    w("")
+    w("## Memory\n")
+    w(f"`build/bench/save_load --rss {a.rss_gib:g} --codec raw|zstd_bytegroup`: peak resident memory (VmHWM) "
+      f"after one sync save of a {a.rss_gib:g} GiB fp32 state minus the peak before it.\n")
+    w("| codec | extra peak RSS MiB |")
+    w("|---|---:|")
+    w(f"| raw | {res['rss_raw']['extra_peak_rss_mib'][0]:.1f} |")
+    w(f"| zstd_bytegroup | {res['rss_bg']['extra_peak_rss_mib'][0]:.1f} |")
+    w("")
+    w("Raw chunks of host tensors are hashed and written in place, so a raw save needs no buffers at all; "
+      "encoding codecs hold at most `checkpointer_options::buffer_bytes` (256 MiB) of chunks in flight.\n")
+    w("## Codecs\n")
+    w("`build/bench/save_load --codecs --runs 5`: 256 MiB of N(0, 0.02) values in 4 MiB chunks, encoded through "
+      "ckpt's pipeline with one worker, then two.\n")
+    w("| dtype | zstd-1 ratio | zstd_bytegroup ratio | bytegroup MB/s (1 thread) | bytegroup / zstd-1 speed | 2 threads / 1 |")
+    w("|---|---:|---:|---:|---:|---:|")
+    for dt in ("bf16", "fp32"):
+        w(f"| {dt} | {med(cod, dt + '_zstd_ratio'):.3f} | {med(cod, dt + '_bytegroup_ratio'):.3f} | "
+          f"{med(cod, dt + '_bytegroup_mb_s'):.0f} | {med(cod, dt + '_bytegroup_vs_zstd_speed'):.2f} | "
+          f"{med(cod, dt + '_two_threads_speedup'):.2f} |")
+    w("")
+    w("zstd_bytegroup rotates each float left by one bit (the exponent then fills a byte), splits the elements "
+      "into byte planes and compresses each plane: the exponent plane shrinks about 2.8×, the mantissa planes "
+      "do not shrink, and are recognised from a 64 KiB sample and stored as raw zstd blocks instead of being "
+      "searched for matches, which is why it is faster than plain zstd as well as smaller.\n")
+    if scale:
+        w("## Multi-process: commit and load planning at scale\n")
+        w("`build/bench/commit_scale --tensors 1000 --ranks 256,512,1024,2048,4096 --runs 4`\n")
+        w("The benchmark feeds the real code — `detail::merge_reports` (parse every rank's footer index, merge, "
+          "check dtype/shape agreement and the exact tiling of every tensor), the chunk map and metadata encoders "
+          "and the durable writes of `chunk_map.bin` and `metadata.json` — with the reports of R ranks, each "
+          "holding a 1/R slice of each of 1000 bf16 tensors (R × 1000 chunks). \"plan\" is what every rank does "
+          "before its first read on load: parse and validate `metadata.json` and `chunk_map.bin`, check the "
+          "tiling of every tensor, and find the chunks overlapping its slice of every tensor. Rank 0 merges on "
+          "as many threads as it has cores (2 here). A job commits many times: the first commit allocates rank "
+          "0's chunk tables and chunk map buffer, and later commits reuse them (the checkpointer keeps them), so "
+          "the table gives the first commit and the median of the 3 that follow it, with their phases.\n")
+        w("![commit and planning time against ranks](img/commit_scale.png)\n")
+        w("| ranks | chunks | first commit s | later commits s | merge s | encode s | write s | plan s | metadata.json | chunk_map.bin |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in scale_rows:
+            w(f"| {r[0]} | {int(r[1]):,} | {float(r[9]):.3f} | {float(r[2]):.3f} | {float(r[3]):.3f} | {float(r[4]):.3f} | "
+              f"{float(r[5]):.3f} | {float(r[6]):.3f} | {int(r[7]) / 1e6:.1f} MB | {int(r[8]) / 1e6:.0f} MB |")
+        w("")
+        w("Both grow linearly with the number of chunks, never quadratically (PyTorch DCP needed 90 s to plan at "
+          "256 ranks before it cached plans). Most of a commit is the merge: copying 4 M chunk records from 4096 "
+          "reports into per-tensor columns is bound by memory latency (scattered appends to thousands of "
+          "columns), and the first commit also faults in every page of its tables. Writing the 283 MB chunk map "
+          "with fsync takes 0.25–0.9 s on this disk. What would shrink both further is a smaller chunk map: drop "
+          "the derivable `raw_size` column and the file column of footer indexes, and store coordinates in 32 "
+          "bits when they fit.\n")
+    if save_scaling:
+        w("## Multi-process: aggregate save throughput\n")
+        w("`mpirun -np N build/bench/save_scaling --mib 512 --runs 5` for N = 1, 2, 4.\n")
+        w("N ranks each hold 1/N of 64 f32 tensors (512 MiB in all) and save with `megatron<mpi>` to local disk; "
+          "the baseline is one process writing the same bytes with `write` + `fsync`, alternating with the "
+          "saves. Ratio = baseline time / save time (above 1: faster than one raw writer).\n")
+        w("```")
+        w(save_scaling.strip())
+        w("```\n")
+        w("One local disk is the limit: more writers do not make more bandwidth, and the raw baseline itself "
+          "varies severalfold between runs on this shared machine.\n")
+    with open(os.path.join(ROOT, "docs", "performance.md"), "w") as f:
+        f.write("\n".join(out))
+    print("wrote docs/performance.md and docs/img/*.png", file=sys.stderr)
+
+
+def torch_version():
+    try:
+        import torch
+
+        return torch.__version__
+    except ImportError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
