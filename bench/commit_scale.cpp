@@ -4,7 +4,10 @@
 // decoders, validation, the tiling check and the overlap planner) with synthetic reports: R
 // ranks, each holding a 1/R slice of every one of T tensors, as a tensor-parallel job of R
 // ranks would. Prints one row per R: the first commit (which allocates rank 0's tables) and the
-// median of the later ones (which reuse them, as a job committing every N steps does).
+// median of the later ones (which reuse them, as a job committing every N steps does), split
+// into the merge (parse, merge, check) and the durable writes of chunk_map.bin and
+// metadata.json; raw_s is the baseline for the writes, the same bytes written and fsynced raw
+// right after each commit (this disk's speed varies several-fold from minute to minute).
 //
 //   bench/commit_scale [--tensors 1000] [--ranks 256,512,1024,2048,4096] [--runs 4] [--dir /tmp]
 //                      [--threads N]   (rank 0's merge threads; default: the cores, at most 8)
@@ -63,7 +66,7 @@ std::vector<std::byte> report(std::uint32_t r, std::uint32_t ranks, std::uint32_
   return {b, b + s.size()};
 }
 
-void write_synced(ckpt::posix& disk, const std::string& key, const std::string& content) {
+void write_synced(ckpt::posix& disk, const std::string& key, std::string_view content) {
   auto w = disk.create(key);
   w.write(std::as_bytes(std::span(content.data(), content.size())));
   w.sync();
@@ -96,44 +99,53 @@ int main(int argc, char** argv) {
   runs = std::max(runs, 2);  // one first commit, then at least one that reuses its buffers
   const auto root = std::filesystem::path(dir) / ("ckpt-commit-scale-" + std::to_string(::getpid()));
   ckpt::posix disk(root);
-  std::printf("%8s %10s %10s %9s %9s %9s %10s %12s %12s %14s\n", "ranks", "chunks", "commit_s", "merge_s", "encode_s",
-              "write_s", "plan_s", "metadata_B", "chunk_map_B", "first_commit_s");
+  std::printf("%8s %10s %10s %9s %9s %9s %10s %12s %12s %14s %13s\n", "ranks", "chunks", "commit_s", "merge_s",
+              "write_s", "raw_s", "plan_s", "metadata_B", "chunk_map_B", "first_commit_s", "first_merge_s");
   for (const auto ranks : sizes) {
     std::vector<std::vector<std::byte>> reports;
     reports.reserve(ranks);
     for (std::uint32_t r = 0; r < ranks; ++r) reports.push_back(report(r, ranks, tensors));
-    std::vector<double> commit_s, plan_s, merge_s, encode_s, write_s;
-    double first_commit_s = 0;
+    std::vector<double> commit_s, plan_s, merge_s, write_s, raw_s;
+    double first_commit_s = 0, first_merge_s = 0;
     ckpt::detail::metadata previous;  // what rank 0 keeps from one commit to the next
+    std::vector<std::byte> staging;
     std::string map;
     std::size_t md_bytes = 0, map_bytes = 0;
     for (int run = 0; run < runs; ++run) {
       const std::string tag = "global_step" + std::to_string(run);
-      // Rank 0's commit: merge, check, encode, write both files durably.
+      // Rank 0's commit, as checkpointer::commit does it: merge and check, then stream the
+      // chunk map and write metadata.json, both durably.
       auto t0 = clock_type::now();
       auto md = ckpt::detail::merge_reports(tag, 1, {ranks, 1, 1, ranks}, {}, reports, threads, &previous);
-      merge_s.push_back(seconds_since(t0));
+      const double merged = seconds_since(t0);
       auto t1 = clock_type::now();
-      ckpt::detail::encode_chunk_map(md, map);
-      md.chunk_map.size = map.size();
-      md.chunk_map.xxh3 = ckpt::detail::xxh3(map);
-      encode_s.push_back(seconds_since(t1));
-      t1 = clock_type::now();
-      write_synced(disk, tag + "/chunk_map.bin", map);
+      {
+        auto w = disk.create(tag + "/chunk_map.bin");
+        ckpt::detail::write_chunk_map(md, w, staging);
+        w.sync();
+        w.publish();
+      }
       const auto text = ckpt::detail::encode_metadata(md);
       write_synced(disk, tag + "/metadata.json", text);
-      write_s.push_back(seconds_since(t1));
+      const double written = seconds_since(t1);
       if (run == 0) {  // the first commit of a job allocates its tables; later ones reuse them
         first_commit_s = seconds_since(t0);
-        merge_s.clear();
-        encode_s.clear();
-        write_s.clear();
+        first_merge_s = merged;
       } else {
         commit_s.push_back(seconds_since(t0));
+        merge_s.push_back(merged);
+        write_s.push_back(written);
       }
+      map.resize(md.chunk_map.size);  // what a loading rank reads first (not timed)
+      disk.read(tag + "/chunk_map.bin", 0, std::as_writable_bytes(std::span(map.data(), map.size())));
       md_bytes = text.size();
-      previous = std::move(md);
       map_bytes = map.size();
+      previous = std::move(md);
+      // The baseline: the same bytes written and fsynced raw, right after, on the same disk.
+      t1 = clock_type::now();
+      write_synced(disk, tag + "/raw_map", map);
+      write_synced(disk, tag + "/raw_metadata", text);
+      if (run > 0) raw_s.push_back(seconds_since(t1));
 
       // A rank's load planning: parse and check everything, then find the chunks overlapping
       // its slice of every tensor (here rank ranks/2 of a layout with half as many ranks).
@@ -161,9 +173,9 @@ int main(int argc, char** argv) {
       }
       disk.remove_all(tag);
     }
-    std::printf("%8u %10llu %10.3f %9.3f %9.3f %9.3f %10.3f %12zu %12zu %14.3f\n", ranks,
-                static_cast<unsigned long long>(ranks) * tensors, median(commit_s), median(merge_s), median(encode_s),
-                median(write_s), median(plan_s), md_bytes, map_bytes, first_commit_s);
+    std::printf("%8u %10llu %10.3f %9.3f %9.3f %9.3f %10.3f %12zu %12zu %14.3f %13.3f\n", ranks,
+                static_cast<unsigned long long>(ranks) * tensors, median(commit_s), median(merge_s), median(write_s),
+                median(raw_s), median(plan_s), md_bytes, map_bytes, first_commit_s, first_merge_s);
     std::fflush(stdout);
   }
   std::filesystem::remove_all(root);

@@ -570,21 +570,22 @@ class checkpointer {
   /// Rank 0: merge the ranks' indexes, check the tiling, write metadata.json, then latest.
   void commit(const std::string& tag, std::uint64_t iteration, const config& cfg,
               const std::vector<std::vector<std::byte>>& reports) {
-    // The previous commit's tables and chunk map buffer are reused (see merge_reports).
+    // The previous commit's tables and staging buffer are reused (see merge_reports).
     auto md = detail::merge_reports(tag, iteration, policy_.topology(), cfg, reports, detail::merge_threads(), &last_commit_);
-    auto& map = chunk_map_buffer_;
-    detail::encode_chunk_map(md, map);
-    md.chunk_map.size = map.size();
-    md.chunk_map.xxh3 = detail::xxh3(map);
-    write_file(tag + "/" + md.chunk_map.path, map);
+    {
+      auto w = storage_.create(tag + "/" + md.chunk_map.path);
+      detail::write_chunk_map(md, w, chunk_map_staging_);
+      w.sync();
+      w.publish();
+    }
     write_file(tag + "/" + std::string(detail::metadata_file), detail::encode_metadata(md));  // the commit point
     last_commit_ = std::move(md);
     write_file(std::string(detail::latest_file), detail::encode_latest(tag));
   }
 
-  void write_file(const std::string& key, const std::string& content) {
+  void write_file(const std::string& key, std::string_view content) {
     auto w = storage_.create(key);
-    w.write(detail::as_bytes(content));
+    w.write(std::as_bytes(std::span(content.data(), content.size())));
     w.sync();
     w.publish();
   }
@@ -996,7 +997,7 @@ class checkpointer {
   std::vector<std::vector<std::byte>> snapshot_;  // async saves' copies of the tensors, reused
   // Rank 0's last commit: its chunk tables and chunk map buffer are reused by the next one.
   detail::metadata last_commit_;
-  std::string chunk_map_buffer_;
+  std::vector<std::byte> chunk_map_staging_;
 };
 
 }  // namespace ckpt

@@ -8,17 +8,19 @@
 #include <span>
 #include <vector>
 
+#include "big_alloc.hpp"
+
 namespace ckpt::detail {
 
 struct chunk_table {
   std::uint32_t ndim = 0;
-  std::vector<std::uint32_t> file;         // index into metadata::files (0 in a footer index)
-  std::vector<std::uint64_t> coords;       // per chunk: offset[ndim], then shape[ndim]
-  std::vector<std::uint8_t> codec;
-  std::vector<std::uint64_t> file_offset;  // where the stored bytes start in the file
-  std::vector<std::uint64_t> stored_size;
-  std::vector<std::uint64_t> raw_size;
-  std::vector<std::uint64_t> xxh3;         // of the stored bytes
+  big_vector<std::uint32_t> file;         // index into metadata::files (0 in a footer index)
+  big_vector<std::uint64_t> coords;       // per chunk: offset[ndim], then shape[ndim]
+  big_vector<std::uint8_t> codec;
+  big_vector<std::uint64_t> file_offset;  // where the stored bytes start in the file
+  big_vector<std::uint64_t> stored_size;
+  big_vector<std::uint64_t> raw_size;
+  big_vector<std::uint64_t> xxh3;         // of the stored bytes
 
   std::size_t size() const noexcept { return codec.size(); }
   std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {coords.data() + 2 * ndim * i, ndim}; }

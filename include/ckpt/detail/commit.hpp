@@ -5,6 +5,7 @@
 // Kept apart from the checkpointer so the scale benchmark can feed it thousands of reports.
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <span>
@@ -80,10 +81,15 @@ struct name_hash {
 /// columns is bound by memory latency, which more cores hide.
 inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
 
-/// Merges every rank's report into the tag's metadata and checks it. The reports are read by
-/// `threads` workers at once; each worker owns the tensors whose first sighting falls to it
-/// (the i-th distinct name goes to worker i mod threads) and copies only their chunks, stepping
-/// over the others, so no two workers write the same table and no locks are needed.
+/// Merges every rank's report into the tag's metadata and checks it, in two passes.
+///
+/// A checkpoint of R tensor-parallel ranks has R chunks of every tensor, one in each report.
+/// Copying them rank by rank would scatter small writes over every column of every tensor at
+/// once (seven columns × thousands of tensors), and at millions of chunks those cache misses
+/// were most of the commit. So the first pass, on one thread, walks the reports in order and
+/// only notes where each tensor's chunk table lies (and checks dtypes and shapes); the second,
+/// on `threads` workers, builds each tensor's columns at their final size, copying from the
+/// noted places, so every write streams into one tensor at a time.
 ///
 /// `recycle`, when given, is the previous commit's metadata: its chunk tables are emptied and
 /// reused, so a job that commits every N steps allocates (and page-faults in) its chunk
@@ -106,73 +112,64 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
       md.files.push_back({*reps.back().path, 0, reps.back().size, reps.back().index_xxh3});
     }
   }
-  threads = std::max(1u, threads);
 
-  // One worker's view: every distinct tensor in the order first seen (all workers see the same
-  // order, as they read the same reports in the same order), with the ones it owns merged.
-  struct worker {
-    std::vector<std::string> names;             // every tensor, in order of first sighting
-    std::vector<std::size_t> slot;              // names[i] -> index into owned, or npos
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(reps.size(), 1))));
+
+  // Pass 1: each worker scans a contiguous range of reports, noting every tensor it meets (in
+  // order of first sighting) and where that tensor's chunk table lies in each report.
+  struct table_at {
+    std::uint32_t report;
+    std::size_t position;  // of the table's count in that report's index
+  };
+  struct scan {
+    std::vector<tensor_meta> found;            // name, dtype and shape (chunks left empty)
+    std::vector<std::uint32_t> first_report;   // per tensor: the report it was first seen in
+    std::vector<std::vector<table_at>> where;  // per tensor, in report order
+    std::vector<std::size_t> rows;             // per tensor: its chunks in this range
     std::unordered_map<std::string, std::size_t, name_hash, std::equal_to<>> by_name;
-    std::vector<tensor_meta> owned;
+    std::vector<value_meta> values;
     std::exception_ptr failure;
   };
-  std::vector<worker> workers(threads);
-  std::vector<std::vector<chunk_table>> spare(threads);  // recycled tables, dealt out to the workers
-  if (recycle)
-    for (std::size_t i = 0; i < recycle->tensors.size(); ++i) spare[i % threads].push_back(std::move(recycle->tensors[i].chunks));
-  auto run = [&](unsigned w) {
-    auto& me = workers[w];
+  std::vector<scan> scans(threads);
+  auto scan_range = [&](unsigned w) {
+    auto& me = scans[w];
+    const std::size_t lo = reps.size() * w / threads, hi = reps.size() * (w + 1) / threads;
     try {
-      std::size_t next = 0;  // ranks usually list tensors in the same order: try the next one first
-      for (std::size_t r = 0; r < reps.size(); ++r) {
+      for (std::size_t r = lo; r < hi; ++r) {
         if (!reps[r].path) continue;
-        next = 0;
-        const auto file = file_of[r];
+        std::size_t next = 0;  // ranks usually list tensors in the same order: try the next one first
         const auto rank = parse_index(
             reps[r].index, "the index of rank " + std::to_string(r),
             [&](std::string_view name, dtype type, const shape_t& shape, bounded_reader& rd) {
               std::size_t at = next;
-              if (at >= me.names.size() || me.names[at] != name) {
+              if (at >= me.found.size() || me.found[at].name != name) {
                 auto it = me.by_name.find(name);
                 if (it == me.by_name.end()) {
-                  const auto i = me.names.size();
-                  it = me.by_name.emplace(std::string(name), i).first;
-                  me.names.emplace_back(name);
-                  me.slot.push_back(std::string::npos);
-                  if (i % threads == w) {
-                    me.slot.back() = me.owned.size();
-                    auto& t = me.owned.emplace_back();
-                    t.name = std::string(name);
-                    t.type = type;
-                    t.shape = shape;
-                    if (!spare[w].empty()) {
-                      t.chunks = std::move(spare[w].back());
-                      spare[w].pop_back();
-                      t.chunks.clear();
-                    }
-                    t.chunks.ndim = static_cast<std::uint32_t>(shape.size());
-                  }
+                  it = me.by_name.emplace(std::string(name), me.found.size()).first;
+                  auto& t = me.found.emplace_back();
+                  t.name = std::string(name);
+                  t.type = type;
+                  t.shape = shape;
+                  me.first_report.push_back(static_cast<std::uint32_t>(r));
+                  me.where.emplace_back().reserve(hi - r);
+                  me.rows.push_back(0);
                 }
                 at = it->second;
               }
               next = at + 1;
-              if (me.slot[at] == std::string::npos) return rd.skip_table(shape.size());
-              auto& t = me.owned[me.slot[at]];
+              const auto& t = me.found[at];
               if (t.type != type || t.shape != shape)
                 throw error(error_kind::invalid_argument,
                             "tensor " + printable(name) + " is saved as " + std::string(to_string(t.type)) + " " +
                                 to_string(t.shape) + " by one rank and as " + std::string(to_string(type)) + " " +
                                 to_string(shape) + " by rank " + std::to_string(r));
-              const auto n = rd.table(t.chunks, shape.size());
-              std::fill(t.chunks.file.end() - static_cast<std::ptrdiff_t>(n), t.chunks.file.end(), file);
+              me.where[at].push_back({static_cast<std::uint32_t>(r), rd.position()});
+              me.rows[at] += rd.skip_table(shape.size());
             },
             [&](value_record&& v) {
-              if (w == 0) md.values.push_back({std::move(v.name), v.rank, file, v.file_offset, v.size, v.xxh3});
+              me.values.push_back({std::move(v.name), v.rank, file_of[r], v.file_offset, v.size, v.xxh3});
             });
-        if (w == 0) md.files[file].rank = rank;
-        if (file == 0)  // most layouts give every rank as many chunks as the first
-          for (auto& t : me.owned) t.chunks.reserve(t.chunks.size() * reps.size());
+        md.files[file_of[r]].rank = rank;  // each report has its own file: no two workers write one
       }
     } catch (...) {
       me.failure = std::current_exception();
@@ -180,51 +177,119 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
   };
   {
     std::vector<std::jthread> pool;
-    for (unsigned w = 1; w < threads; ++w) pool.emplace_back(run, w);
-    run(0);
+    for (unsigned w = 1; w < threads; ++w) pool.emplace_back(scan_range, w);
+    scan_range(0);
   }
-  // Every worker read the same input, so a malformed report fails all of them alike; a dtype
-  // or shape disagreement fails only its owner. Report the first in worker order either way.
-  for (auto& me : workers)
+  for (auto& me : scans)
     if (me.failure) std::rethrow_exception(me.failure);
+
+  // Join the scans in report order: every tensor in order of first sighting, and the parts of
+  // the scans that hold its tables.
+  struct part {
+    unsigned scan;
+    std::size_t tensor;  // in that scan
+  };
+  std::vector<tensor_meta> found;
+  std::vector<std::vector<part>> parts;
+  std::vector<std::size_t> rows;
+  auto& by_name = scans[0].by_name;  // becomes the index of every tensor
+  for (unsigned w = 0; w < threads; ++w) {
+    auto& me = scans[w];
+    for (std::size_t i = 0; i < me.found.size(); ++i) {
+      std::size_t g = i;
+      if (w != 0) {
+        auto it = by_name.find(me.found[i].name);
+        if (it == by_name.end()) it = by_name.emplace(me.found[i].name, found.size()).first;
+        g = it->second;
+      }
+      if (g == found.size()) {
+        found.push_back(std::move(me.found[i]));
+        parts.emplace_back();
+        rows.push_back(0);
+      } else if (const auto& t = found[g]; t.type != me.found[i].type || t.shape != me.found[i].shape) {
+        throw error(error_kind::invalid_argument,
+                    "tensor " + printable(t.name) + " is saved as " + std::string(to_string(t.type)) + " " +
+                        to_string(t.shape) + " by one rank and as " + std::string(to_string(me.found[i].type)) + " " +
+                        to_string(me.found[i].shape) + " by rank " + std::to_string(me.first_report[i]));
+      }
+      parts[g].push_back({w, i});
+      rows[g] += me.rows[i];
+    }
+    for (auto& v : me.values) md.values.push_back(std::move(v));
+  }
+
+  // Pass 2: each tensor's columns, built at their final size by whichever worker takes it, and
+  // its tiling checked while they are in cache.
+  if (recycle)
+    for (std::size_t i = 0; i < found.size() && i < recycle->tensors.size(); ++i) {
+      found[i].chunks = std::move(recycle->tensors[i].chunks);
+      found[i].chunks.clear();
+    }
+  std::atomic<std::size_t> next_tensor{0};
+  std::vector<std::exception_ptr> failed(threads), tiling(found.size());
+  auto build = [&](unsigned w) {
+    try {
+      for (std::size_t i; (i = next_tensor.fetch_add(1, std::memory_order_relaxed)) < found.size();) {
+        auto& t = found[i].chunks;
+        t.ndim = static_cast<std::uint32_t>(found[i].shape.size());
+        t.resize(rows[i]);
+        std::size_t row = 0;
+        constexpr std::size_t ahead = 8;
+        for (const auto& [sw, st] : parts[i]) {
+          const auto& from = scans[sw].where[st];
+          for (std::size_t k = 0; k < from.size(); ++k) {
+            // Each table is in another report: ask for the one a few steps ahead early.
+            if (k + ahead < from.size()) {
+              const auto* p = reps[from[k + ahead].report].index.data() + from[k + ahead].position;
+              __builtin_prefetch(p);
+              __builtin_prefetch(p + 64);
+            }
+            const auto r = from[k].report;
+            const auto n = bounded_reader::copy_table_at(reps[r].index, from[k].position, t, row);
+            std::fill_n(t.file.begin() + static_cast<std::ptrdiff_t>(row), n, file_of[r]);
+            row += n;
+          }
+        }
+        try {
+          check_tiling(found[i].name, found[i].shape, t,
+                       [&](std::size_t c) -> const std::string& { return md.files[t.file[c]].path; },
+                       error_kind::invalid_argument, "cannot commit " + tag + ": ");
+        } catch (...) {
+          tiling[i] = std::current_exception();
+        }
+      }
+    } catch (...) {
+      failed[w] = std::current_exception();
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned w = 1; w < threads; ++w) pool.emplace_back(build, w);
+    build(0);
+  }
+  for (auto& f : failed)
+    if (f) std::rethrow_exception(f);
 
   // A tensor some rank holds must have been written by the rank the policy chose; if that rank
   // does not hold it (the layout differs from what the policy assumes), it would vanish.
   for (std::size_t r = 0; r < reps.size(); ++r)
     for (const auto& name : reps[r].held)
-      if (!workers[0].by_name.count(name))
+      if (!by_name.count(name))
         throw error(error_kind::invalid_argument,
                     "cannot commit " + tag + ": tensor " + printable(name) + " is held by rank " + std::to_string(r) +
                         " but no rank wrote it: the rank the shard policy chose as its writer does not declare it "
                         "(megatron: declare it on every rank of its pipeline stage or give it a shard_spec; "
                         "gather_to_root: declare it on rank 0)");
-  for (auto& me : workers)
-    for (auto& t : me.owned) md.tensors.push_back(std::move(t));
-  std::sort(md.tensors.begin(), md.tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
 
-  // The tiling check, tensor by tensor on the same workers; the first failing tensor in name
-  // order is reported, so the error does not depend on timing.
-  std::vector<std::exception_ptr> bad(threads);
-  std::vector<std::size_t> bad_at(threads, md.tensors.size());
-  auto check = [&](unsigned w) {
-    for (std::size_t i = w; i < md.tensors.size(); i += threads) try {
-        const auto& t = md.tensors[i];
-        check_tiling(t.name, t.shape, t.chunks,
-                     [&](std::size_t c) -> const std::string& { return md.files[t.chunks.file[c]].path; },
-                     error_kind::invalid_argument, "cannot commit " + tag + ": ");
-      } catch (...) {
-        bad[w] = std::current_exception();
-        bad_at[w] = i;
-        return;
-      }
-  };
-  {
-    std::vector<std::jthread> pool;
-    for (unsigned w = 1; w < threads; ++w) pool.emplace_back(check, w);
-    check(0);
-  }
-  const auto first = std::min_element(bad_at.begin(), bad_at.end()) - bad_at.begin();
-  if (bad[static_cast<std::size_t>(first)]) std::rethrow_exception(bad[static_cast<std::size_t>(first)]);
+  // Tensors in name order; of the tensors that fail the tiling check, the first in that order
+  // is reported, so the error does not depend on timing.
+  std::vector<std::size_t> order(found.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return found[a].name < found[b].name; });
+  for (const auto i : order)
+    if (tiling[i]) std::rethrow_exception(tiling[i]);
+  md.tensors.reserve(found.size());
+  for (const auto i : order) md.tensors.push_back(std::move(found[i]));
   return md;
 }
 

@@ -69,7 +69,7 @@ void check_tiling(const std::string& tensor, std::span<const std::uint64_t> glob
     starts.reserve(chunks.size());
     for (std::size_t i = 0; i < chunks.size(); ++i)
       if (chunks.shape(i)[d] != 0) starts.emplace_back(chunks.offset(i)[d], i);
-    std::sort(starts.begin(), starts.end());
+    if (!std::is_sorted(starts.begin(), starts.end())) std::sort(starts.begin(), starts.end());
     std::uint64_t end = 0;
     auto slab = [&](std::uint64_t lo, std::uint64_t hi) {
       shape_t a(n, 0), b(global.begin(), global.end());

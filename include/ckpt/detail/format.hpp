@@ -81,6 +81,8 @@ class bounded_reader {
     throw error(kind_, (kind_ == error_kind::corrupt ? "corrupt " : "malformed ") + file_ + ": " + what);
   }
   std::size_t remaining() const noexcept { return in_.size() - pos_; }
+  /// Where the next read starts, counted from the start of the input.
+  std::size_t position() const noexcept { return pos_; }
 
   void copy(void* out, std::size_t n) {
     if (n > remaining()) fail("ends early (needed " + std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left)");
@@ -141,8 +143,12 @@ class bounded_reader {
     copy(s.data(), n * 8);
   }
   /// Steps over a chunk table (tensors of `ndim` dimensions), checking only that it fits.
-  void skip_table(std::size_t ndim) { take(count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk") *
-                                           chunk_table::encoded_bytes_per_chunk(ndim)); }
+  /// Returns its number of chunks.
+  std::size_t skip_table(std::size_t ndim) {
+    const auto n = count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk");
+    take(n * chunk_table::encoded_bytes_per_chunk(ndim));
+    return static_cast<std::size_t>(n);
+  }
   /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
   /// Returns the number of chunks read.
   std::size_t table(chunk_table& t, std::size_t ndim) {
@@ -158,6 +164,30 @@ class bounded_reader {
     copy(t.raw_size.data() + old, n * 8);
     copy(t.xxh3.data() + old, n * 8);
     return n;
+  }
+
+  /// Copies the chunk table that starts at `at` in `in` (its count, then its columns) into
+  /// rows [row, row + its count) of `t`, whose columns must already be that long. Returns the
+  /// count. No bounds are checked: `at` must be a position where skip_table or table succeeded
+  /// on the same bytes.
+  static std::size_t copy_table_at(std::span<const std::byte> in, std::size_t at, chunk_table& t, std::size_t row) {
+    const std::byte* p = in.data() + at;
+    std::uint64_t n;
+    std::memcpy(&n, p, 8);
+    p += 8;
+    const std::size_t ndim = t.ndim;
+    auto column = [&](void* out, std::size_t bytes) {
+      std::memcpy(out, p, bytes);
+      p += bytes;
+    };
+    column(t.file.data() + row, n * 4);
+    column(t.coords.data() + row * 2 * ndim, n * 2 * ndim * 8);
+    column(t.codec.data() + row, n);
+    column(t.file_offset.data() + row, n * 8);
+    column(t.stored_size.data() + row, n * 8);
+    column(t.raw_size.data() + row, n * 8);
+    column(t.xxh3.data() + row, n * 8);
+    return static_cast<std::size_t>(n);
   }
 
  private:
@@ -180,14 +210,12 @@ inline std::uint64_t table_bytes(const chunk_table& t) noexcept {
   return 8 + t.size() * chunk_table::encoded_bytes_per_chunk(t.ndim);
 }
 
-/// Lays down a chunk table as cereal's PortableBinary archive would (u64 count, then each
-/// column as one little-endian block) at `p`, and returns the end. The one place that fixes
-/// the order of the columns on disk; bounded_reader::table reads them back.
-inline std::byte* put_table(std::byte* p, const chunk_table& t) {
-  auto put = [&](const void* src, std::size_t n) {
-    if (n) std::memcpy(p, src, n);
-    p += n;
-  };
+/// Hands a chunk table's bytes to `put(const void*, std::size_t)` in file order, as cereal's
+/// PortableBinary archive would write them (u64 count, then each column as one little-endian
+/// block). The one place that fixes the order of the columns on disk; bounded_reader::table
+/// reads them back.
+template <class Put>
+void emit_table(const chunk_table& t, Put&& put) {
   const std::uint64_t n = t.size();
   put(&n, 8);
   put(t.file.data(), n * 4);
@@ -197,6 +225,14 @@ inline std::byte* put_table(std::byte* p, const chunk_table& t) {
   put(t.stored_size.data(), n * 8);
   put(t.raw_size.data(), n * 8);
   put(t.xxh3.data(), n * 8);
+}
+
+/// Lays down a chunk table at `p` (table_bytes(t) of room) and returns the end.
+inline std::byte* put_table(std::byte* p, const chunk_table& t) {
+  emit_table(t, [&](const void* src, std::size_t n) {
+    if (n) std::memcpy(p, src, n);
+    p += n;
+  });
   return p;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <set>
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <span>
@@ -284,20 +285,12 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
 
 inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C', 'M', 'A', 'P'};
 
-/// Encodes chunk_map.bin into `out`, reusing its memory (a commit at scale writes hundreds of
-/// MB; reusing the buffer of the previous commit saves faulting them in again).
-inline void encode_chunk_map(const metadata& md, std::string& out) {
-  // The same bytes cereal's PortableBinary archive writes for these fields (byte-order flag,
-  // then little-endian integers and column blocks), laid down with memcpy into a buffer of the
-  // exact size: at millions of chunks, going through an ostream costs more than the write.
-  std::uint64_t size = 16 + 1 + 8;
-  for (const auto& t : md.tensors) size += table_bytes(t.chunks);
-  out.resize(size);
-  auto* p = reinterpret_cast<std::byte*>(out.data());
-  auto put = [&](const void* src, std::size_t n) {
-    std::memcpy(p, src, n);
-    p += n;
-  };
+/// Hands the bytes of chunk_map.bin to `put(const void*, std::size_t)` in file order: the
+/// header, then every tensor's chunk columns. The same bytes cereal's PortableBinary archive
+/// writes for these fields (byte-order flag, then little-endian integers and column blocks),
+/// without an ostream: at millions of chunks, going through one costs more than the write.
+template <class Put>
+void emit_chunk_map(const metadata& md, Put&& put) {
   put(chunk_map_magic.data(), 8);
   const std::uint32_t version = format_version, flags = 0;
   put(&version, 4);
@@ -306,13 +299,61 @@ inline void encode_chunk_map(const metadata& md, std::string& out) {
   put(&little, 1);
   const std::uint64_t count = md.tensors.size();
   put(&count, 8);
-  for (const auto& t : md.tensors) p = put_table(p, t.chunks);
+  for (const auto& t : md.tensors) emit_table(t.chunks, put);
 }
 
+/// The size of chunk_map.bin for `md`.
+inline std::uint64_t chunk_map_bytes(const metadata& md) noexcept {
+  std::uint64_t size = 16 + 1 + 8;
+  for (const auto& t : md.tensors) size += table_bytes(t.chunks);
+  return size;
+}
+
+/// Encodes chunk_map.bin into memory (tools and tests; a commit streams it with
+/// write_chunk_map instead).
 inline std::string encode_chunk_map(const metadata& md) {
-  std::string out;
-  encode_chunk_map(md, out);
+  std::string out(chunk_map_bytes(md), '\0');
+  auto* p = out.data();
+  emit_chunk_map(md, [&](const void* src, std::size_t n) {
+    if (n) std::memcpy(p, src, n);
+    p += n;
+  });
   return out;
+}
+
+/// Writes chunk_map.bin through `w` (a Storage writer: write(bytes), then the caller syncs
+/// and publishes), staged through `staging` (reused from commit to commit), and records its
+/// size and XXH3-64 in `md.chunk_map`. At 4096 ranks the map is hundreds of MB: streaming it
+/// from the chunk tables through a buffer that stays in cache, hashing each piece as it goes
+/// out, avoids building (and page-faulting in) a second copy of it.
+template <class Writer>
+void write_chunk_map(metadata& md, Writer& w, std::vector<std::byte>& staging) {
+  constexpr std::size_t piece = std::size_t{4} << 20;
+  staging.resize(piece);
+  xxh3_stream hash;
+  std::size_t used = 0;
+  std::uint64_t total = 0;
+  auto flush = [&] {
+    const std::span<const std::byte> b(staging.data(), used);
+    hash.update(b);
+    w.write(b);
+    total += used;
+    used = 0;
+  };
+  emit_chunk_map(md, [&](const void* src, std::size_t n) {
+    const auto* s = static_cast<const std::byte*>(src);
+    while (n > 0) {
+      if (used == piece) flush();
+      const auto k = std::min(n, piece - used);
+      std::memcpy(staging.data() + used, s, k);
+      used += k;
+      s += k;
+      n -= k;
+    }
+  });
+  flush();
+  md.chunk_map.size = total;
+  md.chunk_map.xxh3 = hash.digest();
 }
 
 /// Fills the chunk tables of `md` (whose JSON part is already parsed) from chunk_map.bin.
