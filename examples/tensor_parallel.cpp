@@ -396,8 +396,8 @@ void clear_run_dir(const fs::path& dir) {
   if (!fs::exists(dir)) return;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto name = e.path().filename().string();
-    const bool ours = name == "latest" || name.starts_with("latest.tmp.") || name.starts_with("global_step") ||
-                      (name.starts_with("losses_np") && name.ends_with(".txt"));
+    const bool ours = name == "latest" || name == ".ckpt_lock" || name.starts_with("latest.tmp.") ||
+                      name.starts_with("global_step") || (name.starts_with("losses_np") && name.ends_with(".txt"));
     if (!ours)
       throw std::runtime_error(dir.string() + " holds " + name +
                                ", which this program did not write; remove it or choose another --save directory");

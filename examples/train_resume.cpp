@@ -515,7 +515,7 @@ void clear_run_dir(const fs::path& dir) {
   if (!fs::exists(dir)) return;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto name = e.path().filename().string();
-    if (name != "latest" && !name.starts_with("latest.tmp.") && !name.starts_with("global_step"))
+    if (name != "latest" && name != ".ckpt_lock" && !name.starts_with("latest.tmp.") && !name.starts_with("global_step"))
       throw std::runtime_error(dir.string() + " holds " + name +
                                ", which no checkpoint wrote; remove it or pick another --check directory");
   }

@@ -85,6 +85,12 @@ class failing_storage {
     inner_.remove_all(prefix);
   }
   std::string describe(std::string_view key) const { return inner_.describe(key); }
+  /// The inner storage's writer lock, when it has one (not counted as an operation).
+  auto lock_writer(bool wait)
+    requires ckpt::detail::lockable_root<Inner>
+  {
+    return inner_.lock_writer(wait);
+  }
 
   Inner& inner() { return inner_; }
 

@@ -82,7 +82,7 @@ TEST_CASE_TEMPLATE("every operation of a save can fail without harming the last 
     f.cp.save(3, third);
     for (const auto& name : f.store.inner().list("")) {
       CAPTURE(name);
-      if (name == "latest") continue;
+      if (name == "latest" || name == ".ckpt_lock") continue;  // the lock file stays, empty
       CHECK(f.store.inner().size(name + "/metadata.json").has_value());
       for (const auto& sub : f.store.inner().list(name + "/mp_rank_00"))
         CHECK_MESSAGE(sub.find(".tmp.") == std::string::npos, "temporary file left: " << sub);

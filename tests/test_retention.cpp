@@ -3,8 +3,13 @@
 
 #include "helpers.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace fs = std::filesystem;
 
@@ -126,4 +131,80 @@ TEST_CASE("a save never writes into a directory ckpt did not create") {
   cp.save(6, s);
   CHECK(fs::exists(dir.path() / "global_step5" / "my_notes.txt"));
   CHECK_FALSE(fs::exists(dir.path() / "global_step5" / ".ckpt_tag"));
+}
+
+// --- one writer per root ------------------------------------------------------------------------
+
+TEST_CASE("a second writer to the same root gets a busy error and damages nothing") {
+  test::temp_dir dir;
+  tiny s;
+  s.w[0] = 1;
+  std::optional<ckpt::checkpointer<>> first{std::in_place, ckpt::single_process{}, ckpt::posix(dir.path())};
+  first->save(100, s);
+  CHECK(fs::exists(dir.path() / ".ckpt_lock"));
+
+  ckpt::checkpointer<> second{{}, dir.path()};
+  tiny other;
+  other.w[0] = 2;
+  try {
+    second.save(200, other);
+    FAIL("the second writer saved");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::busy);
+    CHECK(std::string(e.what()).find(dir.str()) != std::string::npos);
+    CHECK(std::string(e.what()).find(".ckpt_lock") != std::string::npos);
+  }
+  CHECK(second.latest() == "global_step100");  // loading never needs the lock
+  tiny back;
+  second.load(back);
+  CHECK(back.w[0] == 1);
+
+  first->save(300, s);  // the holder goes on saving; the lock file is never taken for a tag
+  CHECK(tag_names(*first) == std::vector<std::string>{"global_step100", "global_step300"});
+  first.reset();  // its lock goes with it
+  second.save(400, other);
+  CHECK(second.latest() == "global_step400");
+}
+
+TEST_CASE("a writer in another process is detected; wait_for_other_writer waits for it to finish") {
+  test::temp_dir dir;
+  int to_child[2], from_child[2];
+  REQUIRE(::pipe(to_child) == 0);
+  REQUIRE(::pipe(from_child) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // holds the root's lock from its first save until told to go
+    int rc = 0;
+    try {
+      ckpt::checkpointer<> cp{{}, dir.path()};
+      tiny s;
+      cp.save(1, s);
+      char c = 'r';
+      if (::write(from_child[1], &c, 1) != 1) rc = 3;
+      if (::read(to_child[0], &c, 1) != 1) rc = 4;
+      ::usleep(200'000);  // still holding it when the parent starts to wait
+    } catch (...) {
+      rc = 2;
+    }
+    ::_exit(rc);
+  }
+  char c;
+  REQUIRE(::read(from_child[0], &c, 1) == 1);
+  tiny s;
+  {
+    ckpt::checkpointer<> cp{{}, dir.path()};
+    CHECK_THROWS_WITH_AS(cp.save(2, s), doctest::Contains("another writer is saving to"), ckpt::error);
+  }
+  ckpt::checkpointer<> patient{{}, dir.path(), {.wait_for_other_writer = true}};
+  c = 'g';
+  REQUIRE(::write(to_child[1], &c, 1) == 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  patient.save(3, s);  // blocks until the child exits and the kernel drops its lock
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(150));  // the child held it 200 ms more
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(patient.latest() == "global_step3");
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }

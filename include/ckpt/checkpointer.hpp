@@ -328,6 +328,7 @@ class checkpointer {
     auto& at_root = plan.at_root;
     visitor v;
     detail::collective(comm, [&] {
+      if (comm.rank() == 0) take_writer_lock();  // rank 0 commits: its lock stands for the job
       validate_tag(tag);
       (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
       detail::visit_state(v, state);
@@ -474,6 +475,12 @@ class checkpointer {
                                                         detail::to_string(s->offset) + " exceeds the global shape " +
                                                         detail::to_string(s->global_shape));
     }
+  }
+
+  /// Takes the root's writer lock at the first save, and keeps it for the checkpointer's life.
+  void take_writer_lock() {
+    if constexpr (detail::lockable_root<Store>)
+      if (!writer_lock_) writer_lock_.emplace(storage_.lock_writer(options_.wait_for_other_writer));
   }
 
   /// All ranks must save the same tag at the same iteration.
@@ -995,9 +1002,12 @@ class checkpointer {
   std::thread background_;
   std::shared_ptr<detail::async_save_state> pending_;
   std::vector<std::vector<std::byte>> snapshot_;  // async saves' copies of the tensors, reused
-  // Rank 0's last commit: its chunk tables and chunk map buffer are reused by the next one.
+  // Rank 0's last commit: its chunk tables are reused by the next one, as is the buffer the
+  // chunk map is streamed through.
   detail::metadata last_commit_;
   std::vector<std::byte> chunk_map_staging_;
+  // Rank 0: the root's writer lock, from the first save on (Storages that have one).
+  std::optional<typename detail::writer_lock_of<Store>::type> writer_lock_;
 };
 
 }  // namespace ckpt

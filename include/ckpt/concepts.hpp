@@ -9,6 +9,8 @@
 /// fires an assertion whose message says what to add, in code.
 
 #include <concepts>
+#include <utility>
+#include <variant>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -131,6 +133,24 @@ namespace detail {
 /// `static constexpr bool concurrent_reads = true;` and loads then read chunks in parallel.
 template <class S>
 concept concurrent_reads = requires { requires S::concurrent_reads; };
+
+/// A Storage that can tell two writers to one root apart offers `lock_writer(bool wait)`: it
+/// returns a movable guard that holds the root's writer lock until destroyed, or throws a
+/// `busy` error (or, with `wait`, blocks) while another holder has it.
+template <class S>
+concept lockable_root = requires(S& s, bool wait) {
+  { s.lock_writer(wait) } -> std::movable;
+};
+
+/// The guard type of a lockable_root Storage; an empty stand-in for the others.
+template <class S>
+struct writer_lock_of {
+  using type = std::monostate;
+};
+template <lockable_root S>
+struct writer_lock_of<S> {
+  using type = decltype(std::declval<S&>().lock_writer(false));
+};
 }  // namespace detail
 
 namespace detail {

@@ -16,6 +16,7 @@ enum class error_kind {
   not_found,         ///< the tag, file or tensor asked for does not exist
   invalid_argument,  ///< the caller passed something ckpt cannot accept (bad name, bad option)
   communication,     ///< a collective operation between ranks failed
+  busy,              ///< another process (or checkpointer) is saving to the same root
 };
 
 /// Name of an error kind as it appears in messages ("corrupt", "io", ...).
@@ -27,6 +28,7 @@ constexpr std::string_view to_string(error_kind k) noexcept {
     case error_kind::not_found: return "not_found";
     case error_kind::invalid_argument: return "invalid_argument";
     case error_kind::communication: return "communication";
+    case error_kind::busy: return "busy";
   }
   return "unknown";
 }

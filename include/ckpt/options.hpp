@@ -32,6 +32,11 @@ struct checkpointer_options {
   /// Nice value of a save_async's background threads (Linux, where nice is per thread): above 0
   /// they yield the CPU to the training loop and write with what is left. 0 keeps the caller's.
   int async_nice = 10;
+  /// A root takes one writer at a time: the first save takes the root's writer lock (on
+  /// Storages that have one, such as posix) and holds it until the checkpointer is destroyed.
+  /// While another process or checkpointer holds it, a save fails with a `busy` error; with
+  /// this set, it waits for the other writer to finish instead.
+  bool wait_for_other_writer = false;
   /// The group `load_options::load_optimizer = false` skips.
   std::string optimizer_group = "optimizer";
 };

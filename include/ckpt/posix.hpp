@@ -3,6 +3,7 @@
 /// `ckpt::posix`: the default Storage, a directory on a local or shared POSIX file system.
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -154,6 +155,62 @@ class posix {
   posix(const std::string& root) : root_(root) {}              // NOLINT
 
   const std::filesystem::path& root() const noexcept { return root_; }
+
+  /// Holds the root's writer lock (an advisory `flock` on `<root>/.ckpt_lock`) until destroyed.
+  /// The kernel drops it when its holder exits, however it exits, so a killed job never
+  /// leaves a stale lock behind.
+  class writer_lock {
+   public:
+    writer_lock(writer_lock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    writer_lock& operator=(writer_lock&& o) noexcept {
+      if (this != &o) {
+        release();
+        fd_ = std::exchange(o.fd_, -1);
+      }
+      return *this;
+    }
+    writer_lock(const writer_lock&) = delete;
+    writer_lock& operator=(const writer_lock&) = delete;
+    ~writer_lock() { release(); }
+
+   private:
+    friend class posix;
+    explicit writer_lock(int fd) noexcept : fd_(fd) {}
+    void release() noexcept {
+      if (fd_ >= 0) ::close(fd_);  // closing the descriptor drops the flock
+      fd_ = -1;
+    }
+    int fd_ = -1;
+  };
+
+  /// Takes the root's writer lock, creating the root if needed. Another holder, in this
+  /// process or another one on any machine that shares the file system's locks, makes this a
+  /// `busy` error, or, with `wait`, blocks until it lets go.
+  ///
+  /// @code
+  /// ckpt::posix disk("/ckpt/run1");
+  /// auto lock = disk.lock_writer(false);  // throws ckpt::error (busy) if a job is saving there
+  /// @endcode
+  writer_lock lock_writer(bool wait) {
+    detail::make_dirs(root_);
+    const auto file = root_ / std::string(lock_file);
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw detail::posix_error("open", file.string(), errno);
+    writer_lock lock(fd);
+    while (::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+      if (errno == EINTR) continue;
+      if (errno == EWOULDBLOCK)
+        throw error(error_kind::busy, "another writer is saving to " + root_.string() + " (it holds the lock on " +
+                                          file.string() + "); two writers to one root would overwrite each "
+                                          "other's latest and delete each other's tags. Give each job its own "
+                                          "root, or set checkpointer_options::wait_for_other_writer");
+      throw detail::posix_error("flock", file.string(), errno);
+    }
+    return lock;
+  }
+
+  /// The name of the lock file in the root (informative in docs/format.md; readers ignore it).
+  static constexpr std::string_view lock_file = ".ckpt_lock";
 
   /// Opens a new temporary file that `publish()` will rename to `key`.
   writer create(std::string_view key) {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -316,6 +317,30 @@ TEST_CASE("ranks that disagree on the tag get the same error and nothing is comm
   CHECK(len == max_len);
   CHECK(cp.latest() == "global_step1");
   CHECK_FALSE(fs::exists(dir.path / "global_step2" / "metadata.json"));
+}
+
+TEST_CASE("another writer holding the root stops the save on every rank, and nothing is committed") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  std::optional<ckpt::posix::writer_lock> other;  // another job's rank 0, already saving there
+  if (world_rank() == 0) other.emplace(ckpt::posix(dir.path).lock_writer(false));
+  mega cp{{.tp = w}, dir.path};
+  model_slice m({.tp = w}, cp.policy().coordinates(), world_rank());
+  m.fill();
+  std::string message;
+  try {
+    cp.save(1, m);
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::busy);
+    message = e.what();
+  }
+  CHECK(message.find("rank 0: another writer is saving to") != std::string::npos);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK_FALSE(cp.latest());
+  CHECK_FALSE(fs::exists(dir.path / "global_step1"));
+  other.reset();  // the other job ends: this one saves
+  cp.save(2, m);
+  CHECK(cp.latest() == "global_step2");
 }
 
 TEST_CASE("one rank failing its write means no rank commits and the old checkpoint loads") {
