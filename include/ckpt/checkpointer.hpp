@@ -554,7 +554,7 @@ class checkpointer {
       if (!started_by_ckpt(tag))
         throw error(error_kind::invalid_argument, storage_.describe(tag) +
                                                       " exists and was not written by ckpt; refusing to save into it");
-      if (!committed(tag)) storage_.remove_all(tag);
+      if (!committed(tag)) remove_tag(tag);
     }
     // The marker goes first, so that anything else in the directory is known to be ckpt's. If
     // writing it fails in a directory this save just created, take the directory away again.
@@ -607,7 +607,7 @@ class checkpointer {
       }
       if (name == current || !tag_problem(name).empty()) continue;
       if (committed(name)) continue;  // handled below, through tags()
-      if (started_by_ckpt(name)) storage_.remove_all(name);  // a save that never committed
+      if (started_by_ckpt(name)) remove_tag(name);  // a save that never committed
     }
     if (options_.keep_last_n == 0) return;
     const auto last = latest();  // throws rather than guess which tag latest names
@@ -616,9 +616,20 @@ class checkpointer {
     const auto doomed = all.size() - options_.keep_last_n;
     for (std::size_t i = 0; i < doomed; ++i) {
       if (all[i].tag == last || all[i].tag == current) continue;
-      storage_.remove(all[i].tag + "/" + std::string(detail::metadata_file));  // uncommit, then delete
-      storage_.remove_all(all[i].tag);
+      remove_tag(all[i].tag);
     }
+  }
+
+  /// Deletes one of ckpt's tag directories so that, however it is interrupted, what is left is
+  /// still recognisably ckpt's and uncommitted: metadata.json goes first, the marker last (a
+  /// kill in the middle leaves the marker, and the next save finishes the job), and an empty
+  /// directory at worst. Deleting the tree in the file system's order could remove the marker
+  /// first and leave files that no later save would touch.
+  void remove_tag(const std::string& tag) {
+    storage_.remove(tag + "/" + std::string(detail::metadata_file));
+    for (const auto& entry : storage_.list(tag))
+      if (entry != detail::marker_file) storage_.remove_all(tag + "/" + entry);
+    storage_.remove_all(tag);  // the marker, then the directory
   }
 
   // --- load -----------------------------------------------------------------------------------

@@ -12,6 +12,8 @@
 
 #include <ckpt/ckpt.hpp>
 
+#include "leftovers.hpp"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,25 +84,8 @@ struct tally {
   int trials = 0, no_commit_yet = 0, leftovers_seen = 0, tags_verified = 0;
 };
 
-[[noreturn]] void broken(int trial, const std::string& what) {
-  std::fprintf(stderr, "crash campaign: after kill %d: %s\n", trial, what.c_str());
-  std::exit(1);
-}
-
-/// The first file or directory a finished save would not leave (a temporary, an uncommitted
-/// tag with something in it), or "" when there is none. An empty directory (a kill between a
-/// tag's mkdir and its first file, or in the middle of removing a tag) is not counted: it
-/// holds nothing, ckpt cannot tell it from a user's and leaves it, and saving into it works.
-std::string leftover(const fs::path& dir) {
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    const auto name = e.path().filename().string();
-    if (name.find(".tmp.") != std::string::npos) return e.path().string();
-    if (e.is_directory() && e.path().parent_path() == dir && !fs::exists(e.path() / "metadata.json") &&
-        !fs::is_empty(e.path()))
-      return e.path().string();
-  }
-  return "";
-}
+using crash::broken;
+using crash::leftover;
 
 void verify(const fs::path& dir, int trial, tally& t) {
   checkpointer cp{{}, dir, {.keep_last_n = keep, .chunk_bytes = 64 * 1024}};
