@@ -6,7 +6,12 @@
 
 #include <ckpt/detail/metadata.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
 
 using test::catch_error;
 using test::every_dtype_state;
@@ -251,4 +256,115 @@ TEST_CASE("a damaged file on disk is caught through the posix storage too") {
   e = catch_error([&] { cp.load(x); });
   CHECK(e.kind() == ckpt::error_kind::corrupt);
   CHECK(std::string(e.what()).find("missing") != std::string::npos);
+}
+
+// The seeded mutation campaign (issue 5): random damage of every kind to every kind of file.
+// CKPT_MUTATIONS sets the number of trials (2500 by default; more for a longer run) and
+// CKPT_MUTATION_SEED the seed, so a failure can be replayed exactly.
+TEST_CASE("seeded mutation campaign: bit flips, byte runs, truncation, extension and swapped blocks of every file") {
+  fixture f;
+  const int trials = std::getenv("CKPT_MUTATIONS") ? std::atoi(std::getenv("CKPT_MUTATIONS")) : 2500;
+  const std::uint64_t seed = std::getenv("CKPT_MUTATION_SEED") ? std::strtoull(std::getenv("CKPT_MUTATION_SEED"), nullptr, 10) : 1;
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+
+  // The regions of the shard file, so the small header and index are hit as often as the data.
+  const auto md = test::read_metadata(f.mem, "global_step5");
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunk_ranges;
+  std::uint64_t end_of_chunks = 4096;
+  for (const auto& t : md.tensors)
+    for (std::size_t k = 0; k < t.chunks.size(); ++k) {
+      if (t.chunks.stored_size[k] > 0) chunk_ranges.emplace_back(t.chunks.file_offset[k], t.chunks.stored_size[k]);
+      end_of_chunks = std::max(end_of_chunks, ckpt::detail::align_up(t.chunks.file_offset[k] + t.chunks.stored_size[k]));
+    }
+  struct target {
+    std::string label, file;
+  };
+  const std::vector<target> targets = {{"shard header", shard}, {"chunk data", shard},     {"values, index and trailer", shard},
+                                       {"metadata.json", metadata}, {"chunk_map.bin", chunk_map}, {"latest", "latest"}};
+  const char* kinds[] = {"bit flips", "byte run", "truncation", "extension", "swapped blocks"};
+  struct counts {
+    int tried = 0, detected = 0, harmless = 0, wrong = 0;
+  };
+  std::map<std::string, counts> by_target, by_kind;
+  counts all;
+
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto& tg = targets[pick(0, targets.size() - 1)];
+    const int kind = static_cast<int>(pick(0, 4));
+    const auto original = f.mem.bytes(tg.file);
+    auto& b = f.mem.bytes(tg.file);
+    const std::uint64_t size = b.size();
+    // Where the damage starts: inside the target's region.
+    std::uint64_t lo = 0, hi = size - 1;
+    if (tg.label == "shard header") hi = 23;
+    if (tg.label == "chunk data") {
+      const auto& [at, n] = chunk_ranges[pick(0, chunk_ranges.size() - 1)];
+      lo = at;
+      hi = at + n - 1;
+    }
+    if (tg.label == "values, index and trailer") lo = end_of_chunks;
+    const auto at = pick(lo, hi);
+    switch (kind) {
+      case 0:  // 1 to 8 bits flipped near each other
+        for (auto k = pick(1, 8); k > 0; --k) {
+          const auto p = std::min(size - 1, at + pick(0, 15));
+          b[p] ^= std::byte(1u << pick(0, 7));
+        }
+        break;
+      case 1: {  // a run of 1 to 64 bytes overwritten with one value
+        const auto v = std::byte(pick(0, 255));
+        for (auto p = at; p < std::min(size, at + pick(1, 64)); ++p) b[p] = v;
+        break;
+      }
+      case 2:  // cut anywhere
+        b.resize(at);
+        break;
+      case 3: {  // 1 to 4096 random bytes appended
+        for (auto k = pick(1, 4096); k > 0; --k) b.push_back(std::byte(pick(0, 255)));
+        break;
+      }
+      case 4: {  // two blocks of the same length swapped
+        const auto n = pick(1, std::max<std::uint64_t>(1, std::min<std::uint64_t>(512, size / 2)));
+        const auto a = std::min(at, size - n), c = pick(0, size - n);
+        std::vector<std::byte> tmp(b.begin() + static_cast<std::ptrdiff_t>(a), b.begin() + static_cast<std::ptrdiff_t>(a + n));
+        std::copy_n(b.begin() + static_cast<std::ptrdiff_t>(c), n, b.begin() + static_cast<std::ptrdiff_t>(a));
+        std::copy(tmp.begin(), tmp.end(), b.begin() + static_cast<std::ptrdiff_t>(c));
+        break;
+      }
+    }
+    const bool changed = b != original;
+    bool equal = false;
+    const auto e = f.load_outcome(equal);
+    auto& t = by_target[tg.label];
+    auto& k = by_kind[kinds[kind]];
+    ++t.tried, ++k.tried, ++all.tried;
+    if (e) {
+      CAPTURE(trial);
+      CAPTURE(tg.label);
+      CAPTURE(kinds[kind]);
+      CAPTURE(e->what());
+      CHECK((e->kind() == ckpt::error_kind::corrupt || e->kind() == ckpt::error_kind::invalid_argument));
+      CHECK(std::string(e->what()).find(tg.file.substr(tg.file.rfind('/') + 1)) != std::string::npos);
+      CHECK(changed);  // an undamaged checkpoint must load
+      ++t.detected, ++k.detected, ++all.detected;
+    } else if (equal) {
+      ++t.harmless, ++k.harmless, ++all.harmless;
+    } else {
+      ++t.wrong, ++k.wrong, ++all.wrong;
+      FAIL_CHECK("trial " << trial << " (seed " << seed << "): " << kinds[kind] << " in " << tg.label
+                          << " was accepted and changed the loaded data");
+    }
+    f.mem.bytes(tg.file) = original;
+  }
+  std::ostringstream report;
+  report << "mutation campaign, seed " << seed << ": " << all.tried << " tried, " << all.detected << " detected, "
+         << all.harmless << " harmless (data identical: padding, or a swap of equal blocks), " << all.wrong << " silently wrong\n";
+  for (const auto* m : {&by_target, &by_kind})
+    for (const auto& [name, c] : *m)
+      report << "  " << name << ": " << c.tried << " tried, " << c.detected << " detected, " << c.harmless << " harmless, "
+             << c.wrong << " wrong\n";
+  MESSAGE(report.str());
+  CHECK(all.wrong == 0);
+  CHECK(all.tried == trials);
 }
