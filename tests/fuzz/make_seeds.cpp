@@ -1,0 +1,82 @@
+// Writes the fuzz targets' seed corpus (tests/fuzz/corpus/) from real checkpoints: a few
+// states saved by ckpt into memory, cut into the pieces each target reads. Run by
+// tools/fuzz.sh when the corpus is missing; its output is committed.
+//
+//   make_seeds OUT_DIR
+
+#include <ckpt/ckpt.hpp>
+#include <ckpt/detail/format.hpp>
+#include <ckpt/detail/metadata.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct small {
+  std::vector<float> w = std::vector<float>(300, 1.5f);
+  std::vector<std::int8_t> b = std::vector<std::int8_t>(7, 3);
+  std::uint64_t step = 9;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("layer.w", ckpt::view(w.data(), {10, 30}));
+    v.group("optimizer", [&](auto& g) { g.tensor("b", b); });
+    v.value("step", step);
+  }
+};
+
+struct wide {
+  std::vector<ckpt::bfloat16> e = std::vector<ckpt::bfloat16>(2 * 3 * 4 * 5);
+  std::vector<double> d = std::vector<double>(1);
+  float scalar = 2;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("embed", ckpt::view(e.data(), {2, 3, 4, 5}));
+    v.tensor("d", d);
+    v.tensor("scalar", ckpt::view(&scalar, {}));
+  }
+};
+
+void write(const fs::path& p, const std::string& bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << bytes;
+}
+
+std::string as_string(const std::vector<std::byte>& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+
+template <class State>
+void seeds(const fs::path& out, const std::string& name, std::uint64_t chunk_bytes) {
+  namespace d = ckpt::detail;
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.chunk_bytes = chunk_bytes}};
+  State s;
+  cp.save(5, s);
+  const std::string tag = "global_step5";
+  const auto shard = as_string(mem.bytes(tag + "/mp_rank_00/model_optim_rng.ckpt"));
+  const auto t = d::check_trailer(std::span<const std::byte, d::trailer_bytes>(
+                                      reinterpret_cast<const std::byte*>(shard.data()) + shard.size() - d::trailer_bytes, d::trailer_bytes),
+                                  shard.size(), "seed");
+  write(out / "index" / (name + "_index"), shard.substr(t.index_offset, t.index_size));
+  write(out / "index" / (name + "_index_and_trailer"), shard.substr(t.index_offset));
+  const auto text = as_string(mem.bytes(tag + "/metadata.json"));
+  const auto doc_begin = d::envelope_head.size() + 16 + d::envelope_mid.size();
+  const auto doc = text.substr(doc_begin, text.size() - doc_begin - d::envelope_tail.size());
+  write(out / "metadata" / (name + "_doc_and_map"), doc + std::string(1, '\0') + as_string(mem.bytes(tag + "/chunk_map.bin")));
+  write(out / "metadata" / (name + "_file"), text);
+  write(out / "latest" / (name + "_latest"), as_string(mem.bytes("latest")));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return std::fprintf(stderr, "usage: make_seeds OUT_DIR\n"), 2;
+  seeds<small>(argv[1], "small", 256);
+  seeds<wide>(argv[1], "wide", 64);
+  seeds<small>(argv[1], "one_chunk", std::uint64_t{1} << 20);
+  return 0;
+}
