@@ -1,12 +1,14 @@
 #pragma once
 // A Storage decorator that fails the k-th storage operation (counting every operation of every
 // kind: create, write, sync, publish, read, size, list, remove, remove_all), the way a full
-// disk, a dying device or a permission change would.
+// disk, a dying device or a permission change would. A failing write writes half its bytes
+// first (a short write).
 
 #include <ckpt/ckpt.hpp>
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,7 +39,9 @@ class failing_storage {
   class writer {
    public:
     void write(std::span<const std::byte> b) {
-      step("write", key_);
+      // A failing write is a short one: half the bytes reach the file before the error, as
+      // when a disk fills in the middle of a write.
+      failing_storage::step(*s_, "write", key_, [&] { w_.write(b.first(b.size() / 2)); });
       w_.write(b);
     }
     void sync() {
@@ -95,8 +99,9 @@ class failing_storage {
   Inner& inner() { return inner_; }
 
  private:
-  static void step(shared& s, const char* op, std::string_view key) {
+  static void step(shared& s, const char* op, std::string_view key, const std::function<void()>& before_failing = {}) {
     if (s.ops++ == s.fail_at) {
+      if (before_failing) before_failing();
       s.last_failure = std::string(op) + " " + std::string(key);
       throw ckpt::error(ckpt::error_kind::io, "injected fault: " + std::string(op) + " " + std::string(key) + ": " +
                                                   std::strerror(s.err));

@@ -53,7 +53,6 @@ TEST_CASE("run_pipeline stages and finishes in order, works in parallel, and bou
 TEST_CASE("run_pipeline rethrows the first failure after every thread stopped") {
   for (int where = 0; where < 3; ++where) {
     CAPTURE(where);
-    std::atomic<std::size_t> last_finished{0};
     std::mutex mu;
     std::vector<std::size_t> finished;
     auto fail_at = [&](int stage, std::size_t i) {

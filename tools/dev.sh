@@ -4,6 +4,11 @@
 #   bash tools/dev.sh demo   # install what is missing, build, run the crash-and-resume example
 #   bash tools/dev.sh test   # install what is missing, build with -Werror, run the whole suite
 #
+# and, for CI (.ci/run) and by hand:
+#
+#   bash tools/dev.sh sanitize   # the unit suite and crash campaign under ASan+UBSan, and the
+#                                # threaded and async tests under TSan (build-asan, build-tsan)
+#
 # BUILD_DIR (default: build) chooses the build directory.
 set -euo pipefail
 
@@ -60,8 +65,35 @@ case "${1:-}" in
     echo "tests: $passed passed, $failed failed, $skipped skipped"
     exit $status
     ;;
+  sanitize)
+    # clang: it compiles ckpt's templates under the sanitizers about twice as fast as g++.
+    packages+=(clang-14 libclang-rt-14-dev)
+    install_missing
+    export CC=clang-14 CXX=clang++-14
+    status=0
+    common=(-Db_lundef=false -Dwerror=true -Dbench=false -Dexamples=false -Dmpi=disabled
+            -Doptimization=1 -Ddebug=false -Dcpp_args=-gline-tables-only)
+    # ASan + UBSan: the whole unit suite (corruption, fault and mutation campaigns included)
+    # and a shorter crash campaign. Only these targets are built: benchmarks, examples and the
+    # MPI tests add nothing a sanitizer would see that the unit suite does not.
+    build_dir=${ASAN_BUILD_DIR:-build-asan}
+    configure -Db_sanitize=address,undefined "${common[@]}"
+    meson compile -C "$build_dir" tests/unit tests/crash/crash_campaign
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp
+    "$build_dir/tests/unit" --no-intro --minimal || status=1
+    "$build_dir/tests/crash/crash_campaign" --trials 40 --mode both || status=1
+    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, 40 crash trials)"
+    # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
+    build_dir=${TSAN_BUILD_DIR:-build-tsan}
+    configure -Db_sanitize=thread "${common[@]}"
+    meson compile -C "$build_dir" tests/unit_threads
+    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/unit_threads" --no-intro --minimal || status=1
+    [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests)"
+    exit $status
+    ;;
   *)
-    echo "usage: bash tools/dev.sh demo|test" >&2
+    echo "usage: bash tools/dev.sh demo|test|sanitize" >&2
     exit 2
     ;;
 esac

@@ -177,7 +177,7 @@ class bounded_reader {
     p += 8;
     const std::size_t ndim = t.ndim;
     auto column = [&](void* out, std::size_t bytes) {
-      std::memcpy(out, p, bytes);
+      if (bytes) std::memcpy(out, p, bytes);  // an empty column's data() may be null
       p += bytes;
     };
     column(t.file.data() + row, n * 4);
