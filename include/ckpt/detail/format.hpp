@@ -152,17 +152,12 @@ class bounded_reader {
   /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
   /// Returns the number of chunks read.
   std::size_t table(chunk_table& t, std::size_t ndim) {
-    const auto n = count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk");
+    const auto at = pos_;
+    const auto n = skip_table(ndim);  // checks that the whole table is there
     t.ndim = static_cast<std::uint32_t>(ndim);
     const auto old = t.size();
     t.resize(old + n);
-    copy(t.file.data() + old, n * 4);
-    copy(t.coords.data() + old * 2 * ndim, n * 2 * ndim * 8);
-    copy(t.codec.data() + old, n);
-    copy(t.file_offset.data() + old, n * 8);
-    copy(t.stored_size.data() + old, n * 8);
-    copy(t.raw_size.data() + old, n * 8);
-    copy(t.xxh3.data() + old, n * 8);
+    copy_table_at(in_, at, t, old);
     return n;
   }
 
