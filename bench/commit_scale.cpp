@@ -53,7 +53,7 @@ std::vector<std::byte> report(std::uint32_t r, std::uint32_t ranks, std::uint32_
     g.global_shape = {rows_per_rank * ranks, cols};
     g.chunks.ndim = 2;
     const std::uint64_t bytes = rows_per_rank * cols * 2;
-    g.chunks.push(0, ckpt::shape_t{r * rows_per_rank, 0}, ckpt::shape_t{rows_per_rank, cols}, 0, pos, bytes, bytes,
+    g.chunks.push(0, ckpt::shape_t{r * rows_per_rank, 0}, ckpt::shape_t{rows_per_rank, cols}, 0, pos, bytes,
                   pos * 2654435761u);
     pos += 4096;
   }

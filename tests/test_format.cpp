@@ -105,7 +105,7 @@ TEST_CASE("the tiling check finds gaps and overlaps and names the region") {
   auto check = [&](std::vector<std::pair<ckpt::shape_t, ckpt::shape_t>> parts) {
     chunk_table chunks;
     chunks.ndim = 2;
-    for (const auto& [o, s] : parts) chunks.push(0, o, s, 0, 0, 0, 0, 0);
+    for (const auto& [o, s] : parts) chunks.push(0, o, s, 0, 0, 0, 0);
     const std::string file = "f";
     check_tiling("w", global, chunks, [&](std::size_t) -> const std::string& { return file; },
                  ckpt::error_kind::invalid_argument, "");
@@ -158,8 +158,8 @@ TEST_CASE("the footer index round-trips and rejects hostile counts without alloc
   g.type = ckpt::dtype::bf16;
   g.global_shape = {4, 4};
   g.chunks.ndim = 2;
-  g.chunks.push(0, ckpt::shape_t{0, 0}, ckpt::shape_t{2, 4}, 0, 4096, 16, 16, 0x1234);
-  g.chunks.push(0, ckpt::shape_t{2, 0}, ckpt::shape_t{2, 4}, 0, 8192, 16, 16, 0x5678);
+  g.chunks.push(0, ckpt::shape_t{0, 0}, ckpt::shape_t{2, 4}, 0, 4096, 16, 0x1234);
+  g.chunks.push(0, ckpt::shape_t{2, 0}, ckpt::shape_t{2, 4}, 0, 8192, 16, 0x5678);
   idx.values.push_back({"rng", 2, 12288, 10, 0x99});
   const auto bytes = encode_index(idx);
   const auto back = decode_index(std::as_bytes(std::span(bytes.data(), bytes.size())), "f");
@@ -199,6 +199,99 @@ TEST_CASE("the footer index round-trips and rejects hostile counts without alloc
   }
   auto longer = bytes + "x";
   CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(longer.data(), longer.size())), "f"), ckpt::error);
+}
+
+TEST_CASE("chunk columns are packed to the bytes their largest value needs, and read back exactly") {
+  shard_index idx;
+  auto& g = idx.tensors.emplace_back();
+  g.name = "w";
+  g.type = ckpt::dtype::f32;
+  g.global_shape = {std::uint64_t{1} << 40, 300, 1};
+  g.chunks.ndim = 3;
+  // Offsets needing 0, 2 and 5 bytes; extents needing 1, 2 and 1; file offsets beyond 4 GiB;
+  // every 8-byte xxh3 kept whole.
+  for (std::uint64_t i = 0; i < 5; ++i)
+    g.chunks.push(0, ckpt::shape_t{i << 35, 299 - i, 0}, ckpt::shape_t{1, 1, 1}, 0,
+                  (std::uint64_t{5} << 32) + 4096 * i, 4, 0xfedcba9876543210u + i);
+  const auto widths = table_widths::of(g.chunks);
+  CHECK(widths == std::vector<std::uint8_t>{0, 5, 2, 0, 1, 1, 1, 0, 5, 1});
+  CHECK(table_bytes(g.chunks) == 8 + 10 + 5 * (16 + 8));
+  const auto bytes = encode_index(idx);
+  const auto back = decode_index(std::as_bytes(std::span(bytes.data(), bytes.size())), "f");
+  const auto& c = back.tensors.at(0).chunks;
+  REQUIRE(c.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(std::ranges::equal(c.offset(i), g.chunks.offset(i)));
+    CHECK(std::ranges::equal(c.shape(i), g.chunks.shape(i)));
+    CHECK(c.file_offset[i] == g.chunks.file_offset[i]);
+    CHECK(c.stored_size[i] == 4);
+    CHECK(c.xxh3[i] == g.chunks.xxh3[i]);
+    CHECK(c.file[i] == 0);
+    CHECK(c.codec[i] == 0);
+  }
+
+  // A width the in-memory column cannot hold, or wider than 8 bytes, is corrupt and named.
+  // Layout: flag, version, rank, tensor count, name "w" (8 + 1), dtype, shape (8 + 3 × 8), then
+  // the chunk count and the widths (file first, codec at 2 × 3 + 1).
+  const std::size_t widths_at = 1 + 4 + 4 + 8 + 9 + 1 + 32 + 8;
+  auto expect = [&](std::size_t column, char width, const char* words) {
+    auto bad = bytes;
+    bad[widths_at + column] = width;
+    const auto e = test::catch_error([&] { decode_index(std::as_bytes(std::span(bad.data(), bad.size())), "f"); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(std::string(e.what()).find(words) != std::string::npos);
+  };
+  expect(0, 5, "column file is 5 bytes wide, at most 4");
+  expect(7, 2, "column codec is 2 bytes wide, at most 1");
+  expect(1, 9, "column offset is 9 bytes wide, at most 8");
+  expect(8, 100, "column file_offset is 100 bytes wide");
+}
+
+TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes") {
+  struct model {
+    std::vector<float> w = {-1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 1.5f};
+    std::vector<std::int32_t> b = {7, -8, 9};
+    std::uint64_t step = 200;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("fc.weight", ckpt::view(w, {2, 3}));
+      v.group("optimizer", [&](ckpt::visitor& g) { g.tensor("bias_m", b); });
+      v.value("step", step);
+    }
+  } m;
+  auto hex = [](const std::vector<std::byte>& b) {
+    std::string s;
+    for (const auto x : b) {
+      static constexpr char digits[] = "0123456789abcdef";
+      s += digits[std::to_integer<unsigned>(x) >> 4];
+      s += digits[std::to_integer<unsigned>(x) & 15];
+    }
+    return s;
+  };
+  for (const std::uint64_t chunk_bytes : {std::uint64_t{4} << 20, std::uint64_t{12}}) {
+    ckpt::memory_storage mem;
+    ckpt::checkpointer cp{ckpt::single_process{}, mem, ckpt::checkpointer_options{.chunk_bytes = chunk_bytes}};
+    cp.save(200, m, {.config = {{"hidden_size", 3}, {"lr", 3e-4}, {"precision", "fp32"}}});
+    const auto map = hex(mem.bytes("global_step200/chunk_map.bin"));
+    if (chunk_bytes == 12) {  // the columns of fc.weight: bytes 25 to 68
+      CHECK(map.substr(50, 88) ==
+            "0200000000000000"    // chunk count 2
+            "0001000101000201"    // widths
+            "0001" "0101" "0303"  // offsets of dimension 0, shapes of dimensions 0 and 1
+            "00100020" "0c0c"     // file_offset, stored_size
+            "209241099563927a" "27f863ab664b706f");
+      continue;
+    }
+    CHECK(map ==
+          "434b5054434d41500100000000000000"
+          "01020000000000000001000000000000"
+          "00000000010100020102030010181d88"
+          "55d13abf205401000000000000000000"
+          "010002010300200c439f4e744c401519");
+    const auto& file = mem.bytes("global_step200/mp_rank_00/model_optim_rng.ckpt");
+    CHECK(file.size() == 12540);
+    CHECK(mem.bytes("global_step200/metadata.json").size() == 1457);
+  }
 }
 
 TEST_CASE("latest holds a tag and its checksum, and a tag outside the root is rejected") {

@@ -887,15 +887,16 @@ class checkpointer {
           };
           const detail::region src{c.offset(i), c.shape(i)}, dst{dst_offset[r.tensor], ref.shape()};
           const auto elem = size_of(s.type);
+          const auto raw_size = c.elements(i) * elem;
           if constexpr (detail::has_host_view<Dev>) {
-            if (c.codec[i] == 0 && c.stored_size[i] == c.raw_size[i]) {
+            if (c.codec[i] == 0 && c.stored_size[i] == raw_size) {
               std::uint64_t runs = 0, at = 0, bytes = 0;
               detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
                 ++runs;
                 at = d;
                 bytes = len;
               });
-              if (runs == 1 && bytes == c.raw_size[i]) {
+              if (runs == 1 && bytes == raw_size) {
                 std::span<std::byte> target(dev.host_view(ref) + at, bytes);
                 r.read = bytes;
                 if (read_hashed(key, c.file_offset[i], target) != c.xxh3[i]) throw mismatch();
@@ -910,12 +911,12 @@ class checkpointer {
           if (read_hashed(key, c.file_offset[i], sl.buffer) != c.xxh3[i]) throw mismatch();
           sl.plain = sl.buffer;
           if (c.codec[i] != 0) {
-            sl.decoded.resize(c.raw_size[i]);
+            sl.decoded.resize(raw_size);
             decode_chunk(c.codec[i], sl.buffer, s.type, sl.decoded, where(r));
             sl.plain = sl.decoded;
-          } else if (c.stored_size[i] != c.raw_size[i]) {
+          } else if (c.stored_size[i] != raw_size) {
             throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
-                                                 " bytes, expected " + std::to_string(c.raw_size[i]));
+                                                 " bytes, expected " + std::to_string(raw_size));
           }
         },
         [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order

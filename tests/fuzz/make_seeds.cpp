@@ -1,8 +1,8 @@
 // Writes the fuzz targets' seed corpus (tests/fuzz/corpus/) from real checkpoints: a few
-// states saved by ckpt into memory, cut into the pieces each target reads. Run by
-// tools/fuzz.sh when the corpus is missing; its output is committed.
+// states saved by ckpt into memory, cut into the pieces each target reads. Its output is
+// committed; rerun it whenever the format changes, so the fuzzers start from valid inputs.
 //
-//   make_seeds OUT_DIR
+//   ninja -C build tests/fuzz/make_seeds && build/tests/fuzz/make_seeds tests/fuzz/corpus
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/detail/format.hpp>

@@ -283,8 +283,9 @@ TEST_CASE("replicated tensors and data-parallel replicas are stored once, writte
     for (const auto& t : md.tensors) {
       std::uint64_t stored = 0;
       for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-        stored += t.chunks.raw_size[i];
-        bytes_per_file[t.chunks.file[i]] += t.chunks.raw_size[i];
+        const auto raw = t.chunks.elements(i) * ckpt::size_of(t.type);
+        stored += raw;
+        bytes_per_file[t.chunks.file[i]] += raw;
       }
       CAPTURE(t.name);
       CHECK(stored == ckpt::detail::element_count(t.shape, t.name) * ckpt::size_of(t.type));  // each byte once

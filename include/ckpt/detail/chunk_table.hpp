@@ -19,24 +19,30 @@ struct chunk_table {
   big_vector<std::uint8_t> codec;
   big_vector<std::uint64_t> file_offset;  // where the stored bytes start in the file
   big_vector<std::uint64_t> stored_size;
-  big_vector<std::uint64_t> raw_size;
   big_vector<std::uint64_t> xxh3;         // of the stored bytes
+  // No raw (decoded) size: it is the elements of the chunk's shape times the element size.
 
   std::size_t size() const noexcept { return codec.size(); }
   std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {coords.data() + 2 * ndim * i, ndim}; }
   std::span<const std::uint64_t> shape(std::size_t i) const noexcept {
     return {coords.data() + 2 * ndim * i + ndim, ndim};
   }
+  /// Elements in chunk i. Cannot overflow once the chunk is known to lie inside its tensor's
+  /// checked global shape (validate_metadata, or a chunk this process made).
+  std::uint64_t elements(std::size_t i) const noexcept {
+    std::uint64_t n = 1;
+    for (const auto e : shape(i)) n *= e;
+    return n;
+  }
 
   void push(std::uint32_t f, std::span<const std::uint64_t> off, std::span<const std::uint64_t> shp, std::uint8_t c,
-            std::uint64_t at, std::uint64_t stored, std::uint64_t raw, std::uint64_t hash) {
+            std::uint64_t at, std::uint64_t stored, std::uint64_t hash) {
     file.push_back(f);
     coords.insert(coords.end(), off.begin(), off.end());
     coords.insert(coords.end(), shp.begin(), shp.end());
     codec.push_back(c);
     file_offset.push_back(at);
     stored_size.push_back(stored);
-    raw_size.push_back(raw);
     xxh3.push_back(hash);
   }
 
@@ -47,7 +53,6 @@ struct chunk_table {
     codec.insert(codec.end(), other.codec.begin(), other.codec.end());
     file_offset.insert(file_offset.end(), other.file_offset.begin(), other.file_offset.end());
     stored_size.insert(stored_size.end(), other.stored_size.begin(), other.stored_size.end());
-    raw_size.insert(raw_size.end(), other.raw_size.begin(), other.raw_size.end());
     xxh3.insert(xxh3.end(), other.xxh3.begin(), other.xxh3.end());
   }
 
@@ -57,7 +62,6 @@ struct chunk_table {
     codec.reserve(n);
     file_offset.reserve(n);
     stored_size.reserve(n);
-    raw_size.reserve(n);
     xxh3.reserve(n);
   }
 
@@ -70,12 +74,8 @@ struct chunk_table {
     codec.resize(n);
     file_offset.resize(n);
     stored_size.resize(n);
-    raw_size.resize(n);
     xxh3.resize(n);
   }
-
-  /// Bytes one chunk takes in the binary encodings (index, chunk_map.bin).
-  static std::uint64_t encoded_bytes_per_chunk(std::uint64_t ndim) noexcept { return 4 + 16 * ndim + 1 + 32; }
 };
 
 }  // namespace ckpt::detail

@@ -3,6 +3,7 @@
 // index holds, and the bounded parsing that keeps a corrupt or hostile index from causing huge
 // allocations.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "../tensor.hpp"
 #include "chunk_table.hpp"
 #include "hash.hpp"
+#include "packed.hpp"
 #include "span_stream.hpp"
 
 namespace ckpt::detail {
@@ -56,6 +58,50 @@ struct shard_index {
   std::uint32_t rank = 0;
   std::vector<tensor_group> tensors;
   std::vector<value_record> values;
+};
+
+// --- chunk columns -------------------------------------------------------------------------------
+// A chunk table on disk (docs/format.md, section 5.3): u64 count n; one width byte per packed
+// column; the packed columns (file, each dimension's offsets, each dimension's extents, codec,
+// file_offset, stored_size), each n values of its width (packed.hpp); then the xxh3 column,
+// n × 8 bytes.
+
+struct table_widths {
+  /// Number of packed columns (and width bytes) of a table of `ndim`-dimensional chunks.
+  static constexpr std::size_t columns(std::size_t ndim) noexcept { return 2 * ndim + 4; }
+  /// The widest column c may be: the file index is a u32 and the codec id a u8 in memory.
+  static constexpr unsigned limit(std::size_t c, std::size_t ndim) noexcept {
+    if (c == 0) return 4;
+    if (c == 2 * ndim + 1) return 1;
+    return 8;
+  }
+  static constexpr const char* name(std::size_t c, std::size_t ndim) noexcept {
+    if (c == 0) return "file";
+    if (c <= ndim) return "offset";
+    if (c <= 2 * ndim) return "shape";
+    if (c == 2 * ndim + 1) return "codec";
+    return c == 2 * ndim + 2 ? "file_offset" : "stored_size";
+  }
+  /// The width of every packed column of `t`, in disk order: the fewest bytes its values need.
+  static std::vector<std::uint8_t> of(const chunk_table& t) {
+    const std::size_t n = t.size(), nd = t.ndim;
+    std::vector<std::uint64_t> bits(columns(nd), 0);
+    bits[0] = column_bits(t.file.data(), n, 1);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t d = 0; d < 2 * nd; ++d) bits[1 + d] |= t.coords[i * 2 * nd + d];
+    bits[2 * nd + 1] = column_bits(t.codec.data(), n, 1);
+    bits[2 * nd + 2] = column_bits(t.file_offset.data(), n, 1);
+    bits[2 * nd + 3] = column_bits(t.stored_size.data(), n, 1);
+    std::vector<std::uint8_t> w(bits.size());
+    for (std::size_t c = 0; c < bits.size(); ++c) w[c] = static_cast<std::uint8_t>(packed_width(bits[c]));
+    return w;
+  }
+  /// Bytes a table of `n` chunks with these widths takes.
+  static std::uint64_t bytes(std::span<const std::uint8_t> widths, std::uint64_t n) noexcept {
+    std::uint64_t per_chunk = 8;
+    for (const auto w : widths) per_chunk += w;
+    return 8 + widths.size() + n * per_chunk;
+  }
 };
 
 // --- bounded reading ---------------------------------------------------------------------------
@@ -142,11 +188,22 @@ class bounded_reader {
     s.resize(n);
     copy(s.data(), n * 8);
   }
-  /// Steps over a chunk table (tensors of `ndim` dimensions), checking only that it fits.
-  /// Returns its number of chunks.
+  /// Steps over a chunk table (tensors of `ndim` dimensions), checking that it fits and that
+  /// its column widths are valid. Returns its number of chunks.
   std::size_t skip_table(std::size_t ndim) {
-    const auto n = count(chunk_table::encoded_bytes_per_chunk(ndim), "chunk");
-    take(n * chunk_table::encoded_bytes_per_chunk(ndim));
+    const auto n = u64();
+    const auto widths = take(table_widths::columns(ndim));
+    std::uint64_t per_chunk = 8;  // the xxh3 column
+    for (std::size_t c = 0; c < widths.size(); ++c) {
+      const auto w = std::to_integer<unsigned>(widths[c]);
+      if (w > table_widths::limit(c, ndim))
+        fail("chunk column " + std::string(table_widths::name(c, ndim)) + " is " + std::to_string(w) +
+             " bytes wide, at most " + std::to_string(table_widths::limit(c, ndim)) + " allowed");
+      per_chunk += w;
+    }
+    if (n > remaining() / per_chunk)
+      fail("chunk count " + std::to_string(n) + " cannot fit in the " + std::to_string(remaining()) + " bytes left");
+    take(n * per_chunk);
     return static_cast<std::size_t>(n);
   }
   /// Reads a chunk table's columns (tensors of `ndim` dimensions) and appends them to `t`.
@@ -161,7 +218,7 @@ class bounded_reader {
     return n;
   }
 
-  /// Copies the chunk table that starts at `at` in `in` (its count, then its columns) into
+  /// Unpacks the chunk table that starts at `at` in `in` (its count, widths and columns) into
   /// rows [row, row + its count) of `t`, whose columns must already be that long. Returns the
   /// count. No bounds are checked: `at` must be a position where skip_table or table succeeded
   /// on the same bytes.
@@ -171,17 +228,21 @@ class bounded_reader {
     std::memcpy(&n, p, 8);
     p += 8;
     const std::size_t ndim = t.ndim;
-    auto column = [&](void* out, std::size_t bytes) {
-      if (bytes) std::memcpy(out, p, bytes);  // an empty column's data() may be null
-      p += bytes;
+    if (n == 0) return 0;  // no columns to unpack (and an empty column's data() may be null)
+    const std::byte* widths = p;
+    p += table_widths::columns(ndim);
+    std::size_t c = 0;
+    auto column = [&](auto* out, std::size_t stride) {
+      const auto w = std::to_integer<unsigned>(widths[c++]);
+      unpack(p, w, n, out, stride);
+      p += n * w;
     };
-    column(t.file.data() + row, n * 4);
-    column(t.coords.data() + row * 2 * ndim, n * 2 * ndim * 8);
-    column(t.codec.data() + row, n);
-    column(t.file_offset.data() + row, n * 8);
-    column(t.stored_size.data() + row, n * 8);
-    column(t.raw_size.data() + row, n * 8);
-    column(t.xxh3.data() + row, n * 8);
+    column(t.file.data() + row, 1);
+    for (std::size_t d = 0; d < 2 * ndim; ++d) column(t.coords.data() + row * 2 * ndim + d, 2 * ndim);
+    column(t.codec.data() + row, 1);
+    column(t.file_offset.data() + row, 1);
+    column(t.stored_size.data() + row, 1);
+    std::memcpy(t.xxh3.data() + row, p, n * 8);
     return static_cast<std::size_t>(n);
   }
 
@@ -201,24 +262,40 @@ inline void write_string(cereal::PortableBinaryOutputArchive& ar, const std::str
   ar(cereal::binary_data(s.data(), s.size()));
 }
 /// Bytes put_table writes for `t`.
-inline std::uint64_t table_bytes(const chunk_table& t) noexcept {
-  return 8 + t.size() * chunk_table::encoded_bytes_per_chunk(t.ndim);
-}
+inline std::uint64_t table_bytes(const chunk_table& t) { return table_widths::bytes(table_widths::of(t), t.size()); }
 
-/// Hands a chunk table's bytes to `put(const void*, std::size_t)` in file order, as cereal's
-/// PortableBinary archive would write them (u64 count, then each column as one little-endian
-/// block). The one place that fixes the order of the columns on disk; bounded_reader::table
-/// reads them back.
+/// Hands a chunk table's bytes to `put(const void*, std::size_t)` in file order: u64 count,
+/// the column widths, each packed column, the xxh3 column. The one place that fixes the order
+/// of the columns on disk; bounded_reader::table reads them back.
 template <class Put>
 void emit_table(const chunk_table& t, Put&& put) {
   const std::uint64_t n = t.size();
+  const std::size_t nd = t.ndim;
+  const auto widths = table_widths::of(t);
   put(&n, 8);
-  put(t.file.data(), n * 4);
-  put(t.coords.data(), t.coords.size() * 8);
-  put(t.codec.data(), n);
-  put(t.file_offset.data(), n * 8);
-  put(t.stored_size.data(), n * 8);
-  put(t.raw_size.data(), n * 8);
+  put(widths.data(), widths.size());
+  std::size_t c = 0;
+  std::array<std::byte, 32768> piece;  // packed a few thousand values at a time
+  auto column = [&](const auto* values, std::size_t stride) {
+    const unsigned w = widths[c++];
+    if (w == sizeof(*values) && stride == 1) {  // already in its packed form
+      put(values, n * w);
+      return;
+    }
+    if (w == 0) return;
+    const std::size_t per_piece = piece.size() / w;
+    for (std::size_t i = 0; i < n; i += per_piece) {
+      const auto k = std::min(per_piece, n - i);
+      pack(piece.data(), values + i * stride, k, stride, w);
+      put(piece.data(), k * w);
+    }
+  };
+  if (n == 0) return;  // every width is 0 (and an empty column's data() may be null)
+  column(t.file.data(), 1);
+  for (std::size_t d = 0; d < 2 * nd; ++d) column(t.coords.data() + d, 2 * nd);
+  column(t.codec.data(), 1);
+  column(t.file_offset.data(), 1);
+  column(t.stored_size.data(), 1);
   put(t.xxh3.data(), n * 8);
 }
 

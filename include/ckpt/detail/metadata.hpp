@@ -270,14 +270,14 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
           fail("tensor " + printable(t.name) + " has a chunk outside its shape " + to_string(t.shape));
         elems *= shp[d];  // cannot overflow: each extent is within the checked global shape
       }
-      if (c.raw_size[i] != elems * elem)
-        fail("tensor " + printable(t.name) + ": chunk raw size " + std::to_string(c.raw_size[i]) +
-             " does not match its shape " + to_string(shp));
       const auto fsize = md.files[c.file[i]].size;
       if (c.file_offset[i] > fsize || c.stored_size[i] > fsize - c.file_offset[i])
         fail("tensor " + printable(t.name) + ": chunk [" + std::to_string(c.file_offset[i]) + ", +" +
              std::to_string(c.stored_size[i]) + ") lies outside " + md.files[c.file[i]].path + " (" +
              std::to_string(fsize) + " bytes)");
+      if (c.codec[i] == 0 && c.stored_size[i] != elems * elem)
+        fail("tensor " + printable(t.name) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
+             " bytes, its shape " + to_string(shp) + " holds " + std::to_string(elems * elem));
     }
   }
   std::set<std::pair<std::string_view, std::uint32_t>> value_keys;
@@ -297,7 +297,7 @@ inline void validate_metadata(const metadata& md, std::string_view expected_tag,
 
 // --- chunk_map.bin --------------------------------------------------------------------------------
 // "CKPTCMAP", u32 version, u32 flags (0), then cereal portable binary: u64 tensor count, and for
-// each tensor of metadata.json, in its order, the chunk columns (write_table). Its size and
+// each tensor of metadata.json, in its order, the packed chunk columns (emit_table). Its size and
 // XXH3-64 are recorded in metadata.json, which is written after it.
 
 inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C', 'M', 'A', 'P'};

@@ -158,7 +158,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         global_offset.resize(base.size());
         for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
         out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, sl.stored.size(),
-                                                j.slice.bytes, sl.hash);
+                                                sl.hash);
         w.write(sl.stored);
         pos += sl.stored.size();
         if (const auto pad = align_up(pos) - pos; pad) {
