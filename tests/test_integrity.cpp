@@ -258,6 +258,43 @@ TEST_CASE("a damaged file on disk is caught through the posix storage too") {
   CHECK(std::string(e.what()).find("missing") != std::string::npos);
 }
 
+TEST_CASE("chunks larger than one read piece are verified piece by piece through one open file") {
+  // Loads read a chunk in 256 KiB pieces, hashing each as it arrives, through one posix reader.
+  test::temp_dir dir;
+  ckpt::checkpointer<> cp{{}, dir.path()};
+  struct big {
+    std::vector<float> w = std::vector<float>(std::size_t{3} << 18);  // 3 MiB: one chunk, 12 pieces
+    void checkpoint(ckpt::visitor& v) { v.tensor("w", w); }
+  } s, x;
+  for (std::size_t i = 0; i < s.w.size(); ++i) s.w[i] = static_cast<float>(i) * 0.25f;
+  cp.save(1, s);
+  cp.load(x);
+  CHECK(x.w == s.w);
+  const auto path = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 5 * 256 * 1024 + 17);  // in the sixth piece
+    f.put('\x5a');
+  }
+  const auto e = catch_error([&] { cp.load(x); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find(path.string()) != std::string::npos);
+  CHECK(std::string(e.what()).find("tensor 'w': chunk checksum mismatch") != std::string::npos);
+
+  // The reader itself: exact reads, a short file is corrupt, a missing one not_found.
+  ckpt::posix disk(dir.path());
+  const auto r = disk.open_reader("global_step1/mp_rank_00/model_optim_rng.ckpt");
+  std::vector<std::byte> head(8);
+  r.read(0, head);
+  CHECK(std::memcmp(head.data(), "CKPTSHRD", 8) == 0);
+  const auto size = std::filesystem::file_size(path);
+  const auto short_read = catch_error([&] { r.read(size - 4, head); });
+  CHECK(short_read.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(short_read.what()).find("is truncated") != std::string::npos);
+  CHECK(catch_error([&] { (void)disk.open_reader("nope"); }).kind() == ckpt::error_kind::not_found);
+  static_assert(ckpt::detail::opens_readers<ckpt::posix>);
+}
+
 // The seeded mutation campaign (issue 5): random damage of every kind to every kind of file.
 // CKPT_MUTATIONS sets the number of trials (2500 by default; more for a longer run) and
 // CKPT_MUTATION_SEED the seed, so a failure can be replayed exactly.

@@ -816,13 +816,21 @@ class checkpointer {
       storage_.read(key, offset, out);
       return detail::xxh3(out);
     }
-    detail::xxh3_stream h;
-    for (std::size_t at = 0; at < out.size(); at += piece) {
-      const auto part = out.subspan(at, std::min(piece, out.size() - at));
-      storage_.read(key, offset + at, part);
-      h.update(part);
+    auto hash_pieces = [&](auto&& read) {
+      detail::xxh3_stream h;
+      for (std::size_t at = 0; at < out.size(); at += piece) {
+        const auto part = out.subspan(at, std::min(piece, out.size() - at));
+        read(offset + at, part);
+        h.update(part);
+      }
+      return h.digest();
+    };
+    if constexpr (detail::opens_readers<Store>) {
+      const auto file = storage_.open_reader(key);  // opened once, not once per piece
+      return hash_pieces([&](std::uint64_t at, std::span<std::byte> part) { file.read(at, part); });
+    } else {
+      return hash_pieces([&](std::uint64_t at, std::span<std::byte> part) { storage_.read(key, at, part); });
     }
-    return h.digest();
   }
 
   /// A live tensor to fill from the stored tensor of the same name.

@@ -142,6 +142,15 @@ concept lockable_root = requires(S& s, bool wait) {
   { s.lock_writer(wait) } -> std::movable;
 };
 
+/// A Storage that can open a file once for several reads offers `open_reader(key)`, returning
+/// an object with `read(offset, out)` (the same contract as the Storage's own `read`). Loads
+/// read each chunk in pieces of 256 KiB, hashing each piece while it is in cache; with a reader
+/// the file is opened once per chunk instead of once per piece.
+template <class S>
+concept opens_readers = requires(const S& cs, std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
+  { cs.open_reader(key).read(offset, out) };
+};
+
 /// The guard type of a lockable_root Storage; an empty stand-in for the others.
 template <class S>
 struct writer_lock_of {

@@ -225,34 +225,55 @@ class posix {
     return writer(fd, std::move(temp), final_path, std::move(dirs));
   }
 
-  /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
-  void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
+  /// One file open for reading: several reads without reopening it (open_reader).
+  class reader {
+   public:
+    reader(int fd, std::filesystem::path p) noexcept : fd_(fd), path_(std::move(p)) {}
+    reader(reader&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
+    reader& operator=(reader&&) = delete;
+    ~reader() {
+      if (fd_ >= 0) ::close(fd_);
+    }
+
+    /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
+    void read(std::uint64_t offset, std::span<std::byte> out) const {
+      std::size_t done = 0;
+      while (done < out.size()) {
+        const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0) {
+          const int err = errno;
+          if (err == EINTR) continue;
+          throw detail::posix_error("read", path_.string(), err);
+        }
+        if (n == 0)
+          throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(offset) +
+                                               ", " + std::to_string(offset + out.size()) + "), the file ends at " +
+                                               std::to_string(offset + done));
+        done += static_cast<std::size_t>(n);
+      }
+    }
+
+   private:
+    int fd_;
+    std::filesystem::path path_;
+  };
+
+  /// Opens the file at `key` for reading; a missing file is `not_found`.
+  reader open_reader(std::string_view key) const {
     detail::check_key(key);
-    const auto p = path(key);
+    auto p = path(key);
     const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       if (err == ENOENT) throw error(error_kind::not_found, "no such file: " + p.string());
       throw detail::posix_error("open", p.string(), err);
     }
-    std::size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        ::close(fd);
-        throw detail::posix_error("read", p.string(), err);
-      }
-      if (n == 0) {
-        ::close(fd);
-        throw error(error_kind::corrupt, p.string() + " is truncated: needed bytes [" + std::to_string(offset) + ", " +
-                                             std::to_string(offset + out.size()) + "), the file ends at " +
-                                             std::to_string(offset + done));
-      }
-      done += static_cast<std::size_t>(n);
-    }
-    ::close(fd);
+    return reader(fd, std::move(p));
+  }
+
+  /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
+  void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
+    open_reader(key).read(offset, out);
   }
 
   /// Size of the file at `key`, or nothing when it does not exist.
