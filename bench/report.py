@@ -283,8 +283,9 @@ def write_doc(a, res, peer, scale, save_scaling):
     w("## Async save\n")
     w("Same command. `save_async` is timed from the second save on (the first allocates the snapshot buffers, "
       "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers. The compute "
-      "loop is a single-threaded multiply-add over 256 KiB, timed while the background save runs and then "
-      "alone.\n")
+      "loop is a single-threaded multiply-add over 256 KiB, timed while the background save runs, and alone "
+      "just before and just after it (each for as long as the save ran; the two averaged, as the CPU's speed "
+      "drifts over seconds on this shared machine).\n")
     w("| workload | memcpy s | save_async blocked s | ratio | compute during / alone |")
     w("|---|---:|---:|---:|---:|")
     for label, d in (("fp32", f32), ("bf16+Adam", bfa)):

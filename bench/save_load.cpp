@@ -242,10 +242,9 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     for (std::size_t i = 0; i < s.tensors.size(); ++i)
       std::memcpy(copy.tensors[i].bytes.data(), s.tensors[i].bytes.data(), s.tensors[i].bytes.size());
     const double mc = since(t0);
-    t0 = clock_type::now();
-    auto h = acp.save_async(static_cast<std::uint64_t>(run + 1), s);
-    const double blocked = since(t0);
-    // A compute-bound loop while the save writes, against the same loop alone.
+    // A compute-bound loop while the save writes, against the same loop alone. "Alone" is
+    // measured just before the save and just after it, each for as long as the save ran, and
+    // averaged: this VM's CPUs are shared, and their speed drifts over seconds.
     std::vector<float> work(1 << 16, 1.0f);
     auto compute = [&](double seconds, auto&& keep_going) {
       std::uint64_t iterations = 0;
@@ -256,12 +255,21 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
       }
       return static_cast<double>(iterations) / since(start);
     };
+    const double idle_before = compute(2.0, [] { return true; });
+    t0 = clock_type::now();
+    auto h = acp.save_async(static_cast<std::uint64_t>(run + 1), s);
+    const double blocked = since(t0);
+    const auto busy_start = clock_type::now();
     const double busy = compute(30.0, [&] { return !h.done(); });
+    const double busy_s = since(busy_start);
     h.wait();
-    const double idle = compute(1.0, [] { return true; });
+    const double idle_after = compute(std::max(busy_s, 0.5), [] { return true; });
+    const double idle = (idle_before + idle_after) / 2;
     print("memcpy_s", mc);
     print("async_blocked_s", blocked);
     print("async_blocked_ratio", blocked / mc);
+    print("compute_alone_before", idle_before);
+    print("compute_alone_after", idle_after);
     print("compute_during_async_ratio", busy / idle);
   }
   std::filesystem::remove(raw_file);
