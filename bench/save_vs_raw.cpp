@@ -111,6 +111,38 @@ double raw_write(const state& s, const std::filesystem::path& file) {
   return in_write;
 }
 
+/// The same file read back in order into the state's buffers.
+void raw_read(state& s, const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  if (fd < 0) std::exit(1);
+  for (auto& t : s.tensors) {
+    std::size_t done = 0;
+    while (done < t.bytes.size()) {
+      const auto n = ::read(fd, t.bytes.data() + done, t.bytes.size() - done);
+      if (n <= 0) std::exit(1);
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  ::close(fd);
+}
+
+/// Drops every file under `p` from the page cache (clean after fsync), so reads go to the disk.
+void drop_cache(const std::filesystem::path& p) {
+  auto drop = [](const std::filesystem::path& f) {
+    const int fd = ::open(f.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  if (std::filesystem::is_directory(p)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+      if (e.is_regular_file()) drop(e.path());
+  } else {
+    drop(p);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,8 +171,10 @@ int main(int argc, char** argv) {
   auto s = make_state(workload, gib);
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{
       {}, root / "ckpt", {.chunk_bytes = chunk_mib << 20, .threads = threads}};
-  std::vector<double> raw_s, save_s, ratio;
-  std::printf("%6s %8s %10s %8s %8s\n", "round", "raw_s", "in_write_s", "save_s", "ratio");
+  auto back = s;  // load targets
+  std::vector<double> raw_s, save_s, ratio, read_ratio;
+  std::printf("%6s %8s %10s %8s %8s %11s %11s %8s\n", "round", "raw_s", "in_write_s", "save_s", "ratio", "read_cold_s",
+              "load_cold_s", "ratio");
   for (int r = 0; r < rounds; ++r) {
     double raw = 0, in_write = 0, saved = 0;
     auto settle = [&] {  // give each writer the same start: nothing of ours on disk, quiet
@@ -164,14 +198,43 @@ int main(int argc, char** argv) {
     };
     if (r % 2 == 0) do_raw(), do_save();
     else do_save(), do_raw();
-    std::printf("%6d %8.3f %10.3f %8.3f %8.3f\n", r, raw, in_write, saved, raw / saved);
+    // Cold reads of both, each from a settled disk with its file out of the page cache, order
+    // alternating. Whichever output the second writer's settling deleted is written again first.
+    if (r % 2 == 0) (void)raw_write(s, root / "raw.bin");
+    else cp.save(static_cast<std::uint64_t>(r + 1), s);
+    double read = 0, loaded = 0;
+    auto do_read = [&] {
+      drop_cache(root / "raw.bin");
+      ::sync();
+      ::sleep(pause);
+      const auto t0 = clock_type::now();
+      raw_read(back, root / "raw.bin");
+      read = since(t0);
+    };
+    auto do_load = [&] {
+      drop_cache(root / "ckpt");
+      ::sync();
+      ::sleep(pause);
+      const auto t0 = clock_type::now();
+      cp.load(back);
+      loaded = since(t0);
+    };
+    if (r % 2 == 0) do_read(), do_load();
+    else do_load(), do_read();
+    std::printf("%6d %8.3f %10.3f %8.3f %8.3f %11.3f %11.3f %8.3f\n", r, raw, in_write, saved, raw / saved, read, loaded,
+                read / loaded);
     std::fflush(stdout);
     if (r > 0) {  // round 0 warms up
-      raw_s.push_back(raw), save_s.push_back(saved), ratio.push_back(raw / saved);
+      raw_s.push_back(raw), save_s.push_back(saved), ratio.push_back(raw / saved), read_ratio.push_back(read / loaded);
       std::printf("settled_save_ratio %.6g\n", raw / saved);  // for bench/report.py
+      std::printf("settled_load_cold_ratio %.6g\n", read / loaded);
     }
   }
-  std::printf("median of rounds 1-%d: raw %.3f s, save %.3f s, raw/save %.3f\n", rounds - 1, median(raw_s),
-              median(save_s), median(ratio));
+  if (back.tensors[0].bytes != s.tensors[0].bytes) {
+    std::fprintf(stderr, "loaded bytes differ from the saved ones\n");
+    return 1;
+  }
+  std::printf("median of rounds 1-%d: raw %.3f s, save %.3f s, raw/save %.3f; cold read/load %.3f\n", rounds - 1,
+              median(raw_s), median(save_s), median(ratio), median(read_ratio));
   std::filesystem::remove_all(root);
 }
