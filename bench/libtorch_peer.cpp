@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   sync_and_drop(path, false);  // fsync the file torch::save wrote
   std::printf("libtorch_save_s %.6f\n", since(t0));
   sync_and_drop(path, true);
+  ::sync();
+  ::sleep(3);  // as torch_peer.py does: the disk slows down for seconds after a burst of writes
   std::vector<torch::Tensor> back;
   t0 = clock_type::now();
   torch::load(back, path);

@@ -283,7 +283,8 @@ def write_doc(a, res, peer, scale, save_scaling):
     w("`/usr/bin/python3 bench/torch_peer.py --workload fp32|bf16_adam --gib 1`, alternated run by run with "
       "`build/bench/save_load --once …` on the same shapes and dtypes (Debian's python3-torch "
       f"{torch_version()}). torch.save is followed by flush and fsync; the cold load drops the file from the page "
-      "cache first, as for ckpt.\n")
+      "cache first and waits 3 s after `sync` (the disk slows down for seconds after a burst of writes), as "
+      "for ckpt and libtorch.\n")
     w("| workload | torch.save s | ckpt save s | × faster | torch.load cold s | ckpt load cold s | × faster "
       "| torch.load warm s | ckpt load warm s | × faster |")
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

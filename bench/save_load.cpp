@@ -284,6 +284,8 @@ void once(const std::string& workload, double gib, const std::filesystem::path& 
   cp.save(1, s);
   print("save_s", since(t0));
   drop_cache_tree(dir / "ckpt_once");
+  ::sync();
+  ::sleep(3);  // as torch_peer.py does: the disk slows down for seconds after a burst of writes
   t0 = clock_type::now();
   cp.load(back);
   print("load_cold_s", since(t0));

@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--workload", default="fp32")
     ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--pause", type=float, default=3.0, help="seconds between the save and the cold load")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     state = make_state(a.workload, a.gib)
@@ -57,6 +58,8 @@ def main():
             os.fsync(f.fileno())
         print("torch_save_s", time.perf_counter() - t0, flush=True)
         drop_cache(path)
+        os.sync()
+        time.sleep(a.pause)  # the disk slows down for seconds after a burst of writes
         t0 = time.perf_counter()
         back = torch.load(path)
         print("torch_load_cold_s", time.perf_counter() - t0, flush=True)

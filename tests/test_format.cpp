@@ -3,6 +3,7 @@
 
 #include "helpers.hpp"
 
+#include <ckpt/detail/commit.hpp>
 #include <ckpt/detail/coverage.hpp>
 #include <ckpt/detail/format.hpp>
 #include <ckpt/detail/metadata.hpp>
@@ -246,6 +247,45 @@ TEST_CASE("chunk columns are packed to the bytes their largest value needs, and 
   expect(7, 2, "column codec is 2 bytes wide, at most 1");
   expect(1, 9, "column offset is 9 bytes wide, at most 8");
   expect(8, 100, "column file_offset is 100 bytes wide");
+
+  // Columns of zeros take no bytes, but every chunk still costs memory: a table of 1000 chunks
+  // in 8000 bytes (only checksums) is refused before 1000 rows are allocated.
+  shard_index zeros;
+  auto& z = zeros.tensors.emplace_back();
+  z.name = "z";
+  z.global_shape = {4, 4};
+  z.chunks.ndim = 2;
+  for (int i = 0; i < 1000; ++i) z.chunks.push(0, ckpt::shape_t{0, 0}, ckpt::shape_t{0, 0}, 0, 0, 0, 7);
+  const auto zb = encode_index(zeros);
+  const auto e = test::catch_error([&] { decode_index(std::as_bytes(std::span(zb.data(), zb.size())), "f"); });
+  CHECK(e.kind() == ckpt::error_kind::corrupt);
+  CHECK(std::string(e.what()).find("chunk count 1000 with columns 8 bytes wide") != std::string::npos);
+}
+
+TEST_CASE("a commit refuses an empty tensor whose chunk columns a reader would refuse") {
+  // A tensor empty along all 8 dimensions, one zero-byte chunk from each of two ranks: its
+  // columns are 11 bytes a chunk, under the 8 + ndim a reader charges, so it cannot be stored.
+  auto report = [](std::uint32_t r) {
+    written_shard w;
+    w.path = "mp_rank_0" + std::to_string(r) + "/model_optim_rng.ckpt";
+    w.index.rank = r;
+    auto& g = w.index.tensors.emplace_back();
+    g.name = "empty";
+    g.global_shape = ckpt::shape_t(8, 0);
+    g.chunks.ndim = 8;
+    g.chunks.push(0, ckpt::shape_t(8, 0), ckpt::shape_t(8, 0), 0, 4096, 0, 0);
+    w.size = 8192;
+    const auto s = encode_report(w, {});
+    const auto* b = reinterpret_cast<const std::byte*>(s.data());
+    return std::vector<std::byte>(b, b + s.size());
+  };
+  const std::vector<std::vector<std::byte>> two = {report(0), report(1)};
+  const auto e = test::catch_error([&] { (void)merge_reports("global_step1", 1, {2, 1, 1, 2}, {}, two, 1); });
+  CHECK(e.kind() == ckpt::error_kind::invalid_argument);
+  CHECK(std::string(e.what()).find("is empty along several dimensions") != std::string::npos);
+  // From one rank it is one chunk, and fine.
+  const std::vector<std::vector<std::byte>> one = {report(0)};
+  CHECK(merge_reports("global_step1", 1, {1, 1, 1, 1}, {}, one, 1).tensors.at(0).chunks.size() == 1);
 }
 
 TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes") {

@@ -203,6 +203,14 @@ class bounded_reader {
     }
     if (n > remaining() / per_chunk)
       fail("chunk count " + std::to_string(n) + " cannot fit in the " + std::to_string(remaining()) + " bytes left");
+    // A chunk takes 29 + 16 × ndim bytes in memory. Charging each at least 8 + ndim bytes of
+    // input keeps a table of narrow (or all-zero) columns from making ckpt allocate more than
+    // 16 times the bytes it read. ckpt's own tables pass: a chunk's file_offset (≥ 4096) takes
+    // 2 bytes and each extent column 1 or more, unless the tensor is empty along several
+    // dimensions and split over several files (docs/format.md, section 5.3).
+    if (n > 1 && n > remaining() / std::max<std::uint64_t>(per_chunk, 8 + ndim))
+      fail("chunk count " + std::to_string(n) + " with columns " + std::to_string(per_chunk) +
+           " bytes wide is more than the " + std::to_string(remaining()) + " bytes left can describe");
     take(n * per_chunk);
     return static_cast<std::size_t>(n);
   }
