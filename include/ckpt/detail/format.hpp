@@ -111,7 +111,8 @@ struct table_widths {
 // commit at thousands of ranks parses millions of records, and direct reads from memory are
 // several times faster than an istream call per field. Every count and length is checked
 // against the bytes left before anything is allocated, so n bytes of input can never make ckpt
-// allocate much more than n bytes.
+// allocate more than about 16 n bytes (the most a packed chunk row grows when unpacked; see
+// skip_table).
 
 class bounded_reader {
  public:
