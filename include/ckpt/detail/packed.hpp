@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace ckpt::detail {
 
@@ -30,19 +31,19 @@ std::uint64_t column_bits(const T* values, std::size_t n, std::size_t stride) no
 }
 
 namespace packed_impl {
-template <unsigned W, class T>
-void pack(std::byte* out, const T* values, std::size_t n, std::size_t stride) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t v = values[i * stride];
-    std::memcpy(out + i * W, &v, W);
-  }
-}
-template <unsigned W, class T>
-void unpack(const std::byte* in, std::size_t n, T* out, std::size_t stride) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint64_t v = 0;
-    std::memcpy(&v, in + i * W, W);
-    out[i * stride] = static_cast<T>(v);
+/// Calls `f(std::integral_constant<unsigned, W>{})` for the width `w` (1 to 8), so the loops
+/// below are compiled once per width with a constant-size memcpy.
+template <class F>
+void with_width(unsigned w, F&& f) {
+  switch (w) {
+    case 1: return f(std::integral_constant<unsigned, 1>{});
+    case 2: return f(std::integral_constant<unsigned, 2>{});
+    case 3: return f(std::integral_constant<unsigned, 3>{});
+    case 4: return f(std::integral_constant<unsigned, 4>{});
+    case 5: return f(std::integral_constant<unsigned, 5>{});
+    case 6: return f(std::integral_constant<unsigned, 6>{});
+    case 7: return f(std::integral_constant<unsigned, 7>{});
+    default: return f(std::integral_constant<unsigned, 8>{});
   }
 }
 }  // namespace packed_impl
@@ -51,41 +52,36 @@ void unpack(const std::byte* in, std::size_t n, T* out, std::size_t stride) noex
 /// (n × w bytes). Every value must fit in `w` bytes.
 template <class T>
 void pack(std::byte* out, const T* values, std::size_t n, std::size_t stride, unsigned w) noexcept {
-  switch (w) {
-    case 0: return;
-    case 1: return packed_impl::pack<1>(out, values, n, stride);
-    case 2: return packed_impl::pack<2>(out, values, n, stride);
-    case 3: return packed_impl::pack<3>(out, values, n, stride);
-    case 4: return packed_impl::pack<4>(out, values, n, stride);
-    case 5: return packed_impl::pack<5>(out, values, n, stride);
-    case 6: return packed_impl::pack<6>(out, values, n, stride);
-    case 7: return packed_impl::pack<7>(out, values, n, stride);
-    default: return packed_impl::pack<8>(out, values, n, stride);
-  }
+  if (w == 0) return;
+  packed_impl::with_width(w, [&](auto width) {
+    constexpr unsigned W = decltype(width)::value;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t v = values[i * stride];
+      std::memcpy(out + i * W, &v, W);
+    }
+  });
 }
 
 /// Reads `n` `w`-byte little-endian integers at `in` into `out[i * stride]`. `w` must be at
 /// most 8, and at most sizeof(T) (the reader checks widths before it unpacks).
 template <class T>
 void unpack(const std::byte* in, unsigned w, std::size_t n, T* out, std::size_t stride) noexcept {
-  switch (w) {
-    case 0:
-      for (std::size_t i = 0; i < n; ++i) out[i * stride] = 0;
-      return;
-    case 1: return packed_impl::unpack<1>(in, n, out, stride);
-    case 2: return packed_impl::unpack<2>(in, n, out, stride);
-    case 3: return packed_impl::unpack<3>(in, n, out, stride);
-    case 4: return packed_impl::unpack<4>(in, n, out, stride);
-    case 5: return packed_impl::unpack<5>(in, n, out, stride);
-    case 6: return packed_impl::unpack<6>(in, n, out, stride);
-    case 7: return packed_impl::unpack<7>(in, n, out, stride);
-    default:
-      if (stride == 1 && sizeof(T) == 8) {
-        if (n) std::memcpy(out, in, n * 8);
-        return;
-      }
-      return packed_impl::unpack<8>(in, n, out, stride);
+  if (w == 0) {
+    for (std::size_t i = 0; i < n; ++i) out[i * stride] = 0;
+    return;
   }
+  if (w == 8 && stride == 1 && sizeof(T) == 8) {  // already in memory's layout
+    if (n) std::memcpy(out, in, n * 8);
+    return;
+  }
+  packed_impl::with_width(w, [&](auto width) {
+    constexpr unsigned W = decltype(width)::value;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t v = 0;
+      std::memcpy(&v, in + i * W, W);
+      out[i * stride] = static_cast<T>(v);
+    }
+  });
 }
 
 }  // namespace ckpt::detail
