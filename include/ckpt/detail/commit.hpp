@@ -253,16 +253,12 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
         try {
           // Only an empty tensor can have columns narrower than a reader's memory bound allows
           // (bounded_reader::skip_table): refuse it here rather than commit what cannot load.
-          if (t.size() > 1 && std::ranges::find(found[i].shape, 0) != found[i].shape.end()) {
-            const auto widths = table_widths::of(t);
-            std::uint64_t per_chunk = 8;
-            for (const auto w : widths) per_chunk += w;
-            if (per_chunk < 8 + t.ndim)
-              throw error(error_kind::invalid_argument,
-                          "cannot commit " + tag + ": tensor " + printable(found[i].name) + " of shape " +
-                              to_string(found[i].shape) + " is empty along several dimensions and split into " +
-                              std::to_string(t.size()) + " chunks; ckpt stores such a tensor only from one file");
-          }
+          if (t.size() > 1 && std::ranges::find(found[i].shape, 0) != found[i].shape.end() &&
+              table_widths::per_chunk(table_widths::of(t)) < table_widths::min_charge(t.ndim))
+            throw error(error_kind::invalid_argument,
+                        "cannot commit " + tag + ": tensor " + printable(found[i].name) + " of shape " +
+                            to_string(found[i].shape) + " is empty along several dimensions and split into " +
+                            std::to_string(t.size()) + " chunks; ckpt stores such a tensor only from one file");
           check_tiling(found[i].name, found[i].shape, t,
                        [&](std::size_t c) -> const std::string& { return md.files[t.file[c]].path; },
                        error_kind::invalid_argument, "cannot commit " + tag + ": ");

@@ -96,11 +96,19 @@ struct table_widths {
     for (std::size_t c = 0; c < bits.size(); ++c) w[c] = static_cast<std::uint8_t>(packed_width(bits[c]));
     return w;
   }
+  /// Bytes one chunk takes with these widths: the packed columns and the 8-byte xxh3.
+  static std::uint64_t per_chunk(std::span<const std::uint8_t> widths) noexcept {
+    std::uint64_t n = 8;
+    for (const auto w : widths) n += w;
+    return n;
+  }
+  /// The fewest input bytes a reader charges each chunk of a table of more than one chunk. A
+  /// chunk takes 29 + 16 × ndim bytes in memory; this keeps a table of narrow (or all-zero)
+  /// columns from making ckpt allocate more than 16 times the bytes it read.
+  static constexpr std::uint64_t min_charge(std::size_t ndim) noexcept { return 8 + ndim; }
   /// Bytes a table of `n` chunks with these widths takes.
   static std::uint64_t bytes(std::span<const std::uint8_t> widths, std::uint64_t n) noexcept {
-    std::uint64_t per_chunk = 8;
-    for (const auto w : widths) per_chunk += w;
-    return 8 + widths.size() + n * per_chunk;
+    return 8 + widths.size() + n * per_chunk(widths);
   }
 };
 
@@ -204,12 +212,10 @@ class bounded_reader {
     }
     if (n > remaining() / per_chunk)
       fail("chunk count " + std::to_string(n) + " cannot fit in the " + std::to_string(remaining()) + " bytes left");
-    // A chunk takes 29 + 16 × ndim bytes in memory. Charging each at least 8 + ndim bytes of
-    // input keeps a table of narrow (or all-zero) columns from making ckpt allocate more than
-    // 16 times the bytes it read. ckpt's own tables pass: a chunk's file_offset (≥ 4096) takes
-    // 2 bytes and each extent column 1 or more, unless the tensor is empty along several
-    // dimensions and split over several files (docs/format.md, section 5.3).
-    if (n > 1 && n > remaining() / std::max<std::uint64_t>(per_chunk, 8 + ndim))
+    // The memory bound (table_widths::min_charge). ckpt's own tables pass: a chunk's
+    // file_offset (≥ 4096) takes 2 bytes and each extent column 1 or more, unless the tensor is
+    // empty, and merge_reports refuses an empty one that would not pass.
+    if (n > 1 && n > remaining() / std::max(per_chunk, table_widths::min_charge(ndim)))
       fail("chunk count " + std::to_string(n) + " with columns " + std::to_string(per_chunk) +
            " bytes wide is more than the " + std::to_string(remaining()) + " bytes left can describe");
     take(n * per_chunk);
