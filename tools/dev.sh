@@ -16,8 +16,10 @@ cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 
 # Debian packages ckpt builds and tests with. cmake is how Meson finds cereal and doctest,
-# which ship no pkg-config files.
-packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libzstd-dev libopenmpi-dev openmpi-bin)
+# which ship no pkg-config files. python3-torch is the real torch.load/torch.save the interop
+# tests check ckpt's .pt and safetensors files against (run from /usr/bin/python3).
+packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libzstd-dev libopenmpi-dev openmpi-bin
+          zlib1g-dev libcli11-dev python3-torch)
 
 install_missing() {
   local missing=()
