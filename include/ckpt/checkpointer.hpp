@@ -263,6 +263,24 @@ class checkpointer {
     return result;
   }
 
+  /// Applies the retention rule now, as a save with `keep_last_n = keep` would after its
+  /// commit: deletes the oldest committed tags beyond the newest `keep` (never the one `latest`
+  /// names) and whatever crashed saves left behind. Returns what it deleted, or with `dry_run`
+  /// what it would delete. Takes the root's writer lock, so it never races a save.
+  ///
+  /// @code
+  /// for (const auto& gone : cp.prune(3)) std::printf("deleted %s\n", gone.c_str());
+  /// @endcode
+  std::vector<std::string> prune(std::size_t keep, bool dry_run = false) {
+    if (keep == 0) throw error(error_kind::invalid_argument, "prune: keep must be at least 1");
+    finish_pending(true);
+    take_writer_lock();
+    auto victims = retention_victims("", keep);
+    if (!dry_run)
+      for (const auto& name : victims) remove_entry(name);
+    return victims;
+  }
+
   /// The tag `latest` names, or nothing when there is no (valid) `latest`.
   std::optional<std::string> latest() const {
     if (!storage_.size(std::string(detail::latest_file))) return std::nullopt;
@@ -600,24 +618,40 @@ class checkpointer {
   /// Rank 0, after a commit: delete committed tags beyond keep_last_n (never the one `latest`
   /// names, never directories without ckpt's marker or metadata) and leftovers of crashed saves.
   void apply_retention(const std::string& current) {
+    for (const auto& name : retention_victims(current, options_.keep_last_n)) remove_entry(name);
+  }
+
+  /// What the retention rule deletes, in the order it deletes them: temporary `latest` files
+  /// and tags of saves that never committed, then the oldest committed tags beyond `keep`
+  /// (0: keep all). `current` (the tag just saved, or none) and the tag `latest` names stay.
+  std::vector<std::string> retention_victims(const std::string& current, std::size_t keep) const {
+    std::vector<std::string> out;
     for (const auto& name : storage_.list("")) {
       if (name.starts_with(std::string(detail::latest_file) + ".tmp.")) {
-        storage_.remove(name);  // a temporary `latest` of a save that crashed before its rename
+        out.push_back(name);  // a temporary `latest` of a save that crashed before its rename
         continue;
       }
       if (name == current || !tag_problem(name).empty()) continue;
       if (committed(name)) continue;  // handled below, through tags()
-      if (started_by_ckpt(name)) remove_tag(name);  // a save that never committed
+      if (started_by_ckpt(name)) out.push_back(name);  // a save that never committed
     }
-    if (options_.keep_last_n == 0) return;
+    if (keep == 0) return out;
     const auto last = latest();  // throws rather than guess which tag latest names
     auto all = tags();
-    if (all.size() <= options_.keep_last_n) return;
-    const auto doomed = all.size() - options_.keep_last_n;
+    if (all.size() <= keep) return out;
+    const auto doomed = all.size() - keep;
     for (std::size_t i = 0; i < doomed; ++i) {
       if (all[i].tag == last || all[i].tag == current) continue;
-      remove_tag(all[i].tag);
+      out.push_back(all[i].tag);
     }
+    return out;
+  }
+
+  void remove_entry(const std::string& name) {
+    if (name.starts_with(std::string(detail::latest_file) + ".tmp."))
+      storage_.remove(name);
+    else
+      remove_tag(name);
   }
 
   /// Deletes one of ckpt's tag directories so that, however it is interrupted, what is left is

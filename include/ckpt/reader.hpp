@@ -1,0 +1,379 @@
+#pragma once
+/// @file reader.hpp
+/// `ckpt::reader`: one committed tag opened read-only, without the Checkpointable type that
+/// saved it. It is what tools need (`ckpt inspect`, `verify`, `diff`, `export`): what the tag
+/// holds, any tensor or slice of it by name, the saved bytes of a value, and a check of every
+/// byte that reports all problems instead of stopping at the first.
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpointer.hpp"
+#include "config.hpp"
+#include "detail/coverage.hpp"
+#include "detail/hash.hpp"
+#include "detail/metadata.hpp"
+#include "detail/shard_io.hpp"
+#include "dtype.hpp"
+#include "error.hpp"
+#include "names.hpp"
+#include "posix.hpp"
+#include "raw.hpp"
+#include "single_process.hpp"
+#include "tensor.hpp"
+#include "topology.hpp"
+#include "zstd.hpp"
+
+namespace ckpt {
+
+/// The name of a codec id, as `ckpt inspect` shows it ("codec 7" for one ckpt does not know).
+inline std::string codec_name(std::uint8_t id) {
+  switch (id) {
+    case raw::id: return "raw";
+    case zstd::id: return "zstd";
+    case zstd_bytegroup::id: return "zstd_bytegroup";
+    default: return "codec " + std::to_string(id);
+  }
+}
+
+/// One stored piece of a tensor: where it lives and how it is stored.
+struct chunk_info {
+  std::string file;       ///< shard file, relative to the tag directory
+  shape_t offset, shape;  ///< the region of the global tensor it holds
+  std::uint8_t codec = 0;
+  std::uint64_t file_offset = 0;  ///< where its stored bytes start in the file
+  std::uint64_t stored_bytes = 0, raw_bytes = 0;
+};
+
+/// One tensor of a checkpoint, as metadata.json and the chunk map describe it.
+struct tensor_info {
+  std::string name;
+  dtype type = dtype::f32;
+  shape_t shape;  ///< global shape
+  std::uint64_t raw_bytes = 0;     ///< numel * element size
+  std::uint64_t stored_bytes = 0;  ///< after compression
+  std::size_t chunks = 0;
+  std::vector<std::string> files{};   ///< distinct shard files holding it (its shards), sorted
+  std::vector<std::string> codecs{};  ///< distinct codecs of its chunks, sorted
+};
+
+/// One per-rank value (an RNG state, a counter): its saved bytes are cereal's encoding.
+struct value_info {
+  std::string name;
+  std::uint32_t rank = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// A shard file of the tag.
+struct file_info {
+  std::string path;  ///< relative to the tag directory
+  std::uint32_t rank = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// Everything a committed tag records about itself, without reading any tensor data.
+struct checkpoint_info {
+  std::string tag;
+  std::uint64_t iteration = 0;
+  std::uint32_t format_version = 0;
+  ckpt::topology topology;
+  ckpt::config config;
+  std::vector<file_info> files;
+  std::vector<tensor_info> tensors;  ///< in the order metadata.json lists them
+  std::vector<value_info> values;
+  std::uint64_t raw_bytes = 0, stored_bytes = 0;  ///< over all tensors
+};
+
+/// What `reader::verify` found: every problem, each naming the file, tensor or value.
+struct verify_report {
+  std::vector<std::string> problems;
+  std::uint64_t bytes_checked = 0;  ///< bytes read and hashed
+  std::uint64_t chunks_checked = 0;
+  bool ok() const noexcept { return problems.empty(); }
+};
+
+/// A committed tag opened for reading. The constructor reads and checks metadata.json and the
+/// chunk map (it throws `not_found` or `corrupt`); nothing else is read until asked.
+///
+/// @code
+/// ckpt::reader r{ckpt::posix("/ckpt/run1")};  // the tag `latest` names; or pass a tag
+/// for (const auto& t : r.info().tensors) std::printf("%s %s\n", t.name.c_str(), ckpt::detail::to_string(t.shape).c_str());
+/// std::vector<float> w(4096 * 1024);
+/// r.read("layers.0.w", ckpt::view(w, {4096, 1024}));
+/// if (auto rep = r.verify(); !rep.ok()) for (auto& p : rep.problems) std::puts(p.c_str());
+/// @endcode
+template <class Store = posix>
+class reader {
+ public:
+  /// Progress of a long read: bytes done so far and the total.
+  using progress = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
+  /// Opens `tag`, or the tag `latest` names when none is given.
+  explicit reader(Store storage, std::optional<std::string> tag = std::nullopt)
+      : cp_(std::make_unique<checkpointer<single_process, Store>>(single_process{}, std::move(storage))) {
+    auto& st = cp_->storage();
+    if (!tag) {
+      tag = cp_->latest();
+      if (!tag) throw error(error_kind::not_found, "no checkpoint to read: " + st.describe("latest") + " does not exist");
+    }
+    validate_tag(*tag);
+    const auto md_key = *tag + "/" + std::string(detail::metadata_file);
+    md_name_ = st.describe(md_key);
+    const auto size = st.size(md_key);
+    if (!size) throw error(error_kind::not_found, "no committed tag " + detail::printable(*tag) + ": " + md_name_ + " does not exist");
+    if (*size > detail::max_metadata_bytes)
+      throw error(error_kind::corrupt, md_name_ + " is " + std::to_string(*size) + " bytes, more than a metadata.json can hold");
+    md_ = detail::decode_metadata(read_string(md_key, *size), md_name_);
+    const auto& map = md_.chunk_map;
+    if (map.path.empty() || map.path.find('/') != std::string::npos || map.path == detail::metadata_file ||
+        map.path == detail::marker_file)
+      throw error(error_kind::corrupt, md_name_ + ": chunk_map names " + detail::printable(map.path));
+    const auto map_key = *tag + "/" + map.path;
+    const auto map_size = st.size(map_key);
+    if (!map_size || *map_size != map.size)
+      throw error(error_kind::corrupt, st.describe(map_key) + (map_size ? " has " + std::to_string(*map_size) + " bytes" : " is missing") +
+                                           ", metadata.json recorded " + std::to_string(map.size));
+    const auto map_bytes = read_string(map_key, map.size);
+    detail::decode_chunk_map(detail::as_bytes(map_bytes), md_, st.describe(map_key));
+    detail::validate_metadata(md_, *tag, md_name_);
+    build_info();
+  }
+
+  /// What the tag holds.
+  const checkpoint_info& info() const noexcept { return info_; }
+
+  /// The tensor called `name`, or nullptr.
+  const tensor_info* find(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &info_.tensors[it->second];
+  }
+
+  /// The chunks of tensor `name` (throws `not_found` for an unknown name).
+  std::vector<chunk_info> chunks(std::string_view name) const {
+    const auto& t = stored(name);
+    std::vector<chunk_info> out;
+    const auto& c = t.chunks;
+    const auto elem = size_of(t.type);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      const auto off = c.offset(i), shp = c.shape(i);
+      out.push_back({md_.files[c.file[i]].path, shape_t(off.begin(), off.end()), shape_t(shp.begin(), shp.end()), c.codec[i],
+                     c.file_offset[i], c.stored_size[i], c.elements(i) * elem});
+    }
+    return out;
+  }
+
+  /// Fills `out` from tensor `name`, verifying every chunk read. `out` must have the stored
+  /// dtype; it is the whole tensor, or a slice of it when it carries a `shard_spec` (only the
+  /// chunks overlapping the slice are read). Several tensors at once share one pass over the
+  /// metadata: prefer `read_each` for many.
+  void read(const std::string& name, tensor_ref out) {
+    std::vector<std::pair<std::string, tensor_ref>> one{{name, std::move(out)}};
+    read_all(one);
+  }
+
+  /// Fills every `(name, tensor)` pair, like `read`, in one load.
+  void read_all(std::vector<std::pair<std::string, tensor_ref>>& targets) {
+    for (const auto& [n, ref] : targets) {
+      const auto& t = stored(n);
+      if (ref.type() != t.type || ref.global_shape() != t.shape)
+        throw error(error_kind::mismatch, "tensor " + detail::printable(n) + " is " + std::string(to_string(t.type)) + " " +
+                                              detail::to_string(t.shape) + " in " + md_name_ + ", the buffer given is " +
+                                              std::string(to_string(ref.type())) + " " + detail::to_string(ref.global_shape()));
+    }
+    some_tensors state{&targets};
+    cp_->load(state, {.tag = info_.tag, .strict = false, .on_topology_change = topology_change::keep_live});
+  }
+
+  /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.
+  std::vector<std::byte> value_bytes(std::string_view name, std::uint32_t rank = 0) {
+    for (const auto& v : md_.values)
+      if (v.name == name && v.rank == rank) {
+        const auto key = info_.tag + "/" + md_.files[v.file].path;
+        std::vector<std::byte> bytes(v.size);
+        cp_->storage().read(key, v.file_offset, bytes);
+        if (detail::xxh3(bytes) != v.xxh3)
+          throw error(error_kind::corrupt, cp_->storage().describe(key) + ": checksum mismatch in value " + detail::printable(name));
+        return bytes;
+      }
+    throw error(error_kind::not_found, "no value " + detail::printable(name) + " of rank " + std::to_string(rank) + " in " + md_name_);
+  }
+
+  /// Reads every byte the tag's metadata points to and checks it: each shard file's size,
+  /// header, trailer and footer index; each chunk's checksum and that it decodes to its size;
+  /// each value's checksum; and that the chunks of every tensor cover it exactly once. Returns
+  /// every problem found (I/O errors included) rather than throwing at the first.
+  verify_report verify(const progress& on_progress = {}) {
+    verify_report rep;
+    auto& st = cp_->storage();
+    const std::string dir = info_.tag + "/";
+    std::vector<bool> file_ok(md_.files.size(), true);
+    for (std::size_t f = 0; f < md_.files.size(); ++f) {
+      const auto& fm = md_.files[f];
+      try {
+        detail::verify_shard_file(st, dir + fm.path, fm.size, fm.index_xxh3);
+      } catch (const error& e) {
+        rep.problems.push_back(e.what());
+        // A missing or resized file would fail every chunk in it with the same story.
+        file_ok[f] = st.size(dir + fm.path) == fm.size;
+      }
+    }
+    for (const auto& t : md_.tensors) {
+      try {
+        detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
+                             error_kind::corrupt, md_name_ + ": ");
+      } catch (const error& e) {
+        rep.problems.push_back(e.what());
+      }
+    }
+    // Every chunk, file by file in file order, so the disk reads sequentially.
+    struct item {
+      std::uint32_t file;
+      std::uint64_t at;
+      const detail::tensor_meta* tensor;
+      std::size_t chunk;
+    };
+    std::vector<item> items;
+    std::uint64_t total = 0;
+    for (const auto& t : md_.tensors)
+      for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+        items.push_back({t.chunks.file[i], t.chunks.file_offset[i], &t, i});
+        total += t.chunks.stored_size[i];
+      }
+    for (const auto& v : md_.values) total += v.size;
+    std::sort(items.begin(), items.end(), [](const item& a, const item& b) { return std::tie(a.file, a.at) < std::tie(b.file, b.at); });
+    std::vector<std::byte> buffer, decoded;
+    for (const auto& it : items) {
+      if (!file_ok[it.file]) continue;
+      const auto& c = it.tensor->chunks;
+      const auto i = it.chunk;
+      const auto key = dir + md_.files[it.file].path;
+      const auto where = st.describe(key) + ", tensor " + detail::printable(it.tensor->name) + ", chunk at offset " +
+                         std::to_string(c.file_offset[i]);
+      try {
+        buffer.resize(c.stored_size[i]);
+        st.read(key, c.file_offset[i], buffer);
+        rep.bytes_checked += buffer.size();
+        ++rep.chunks_checked;
+        if (const auto h = detail::xxh3(buffer); h != c.xxh3[i]) {
+          rep.problems.push_back(where + ": checksum " + detail::to_hex(h) + ", metadata recorded " + detail::to_hex(c.xxh3[i]));
+        } else {
+          decoded.resize(c.elements(i) * size_of(it.tensor->type));
+          decode_builtin(c.codec[i], buffer, it.tensor->type, decoded, where);
+        }
+      } catch (const error& e) {
+        rep.problems.push_back(std::string(e.what()).starts_with(where) ? e.what() : where + ": " + e.what());
+      }
+      if (on_progress) on_progress(rep.bytes_checked, total);
+    }
+    for (const auto& v : md_.values) {
+      if (!file_ok[v.file]) continue;
+      const auto key = dir + md_.files[v.file].path;
+      try {
+        std::vector<std::byte> bytes(v.size);
+        st.read(key, v.file_offset, bytes);
+        rep.bytes_checked += bytes.size();
+        if (detail::xxh3(bytes) != v.xxh3)
+          rep.problems.push_back(st.describe(key) + ": checksum mismatch in value " + detail::printable(v.name) + " of rank " +
+                                 std::to_string(v.rank));
+      } catch (const error& e) {
+        rep.problems.push_back(st.describe(key) + ", value " + detail::printable(v.name) + ": " + e.what());
+      }
+      if (on_progress) on_progress(rep.bytes_checked, total);
+    }
+    return rep;
+  }
+
+  /// The storage the tag lives in.
+  Store& storage() noexcept { return cp_->storage(); }
+
+ private:
+  /// The load target of read_all: exactly the requested tensors, nothing else.
+  struct some_tensors {
+    std::vector<std::pair<std::string, tensor_ref>>* targets;
+    template <class V>
+    void checkpoint(V& v) {
+      for (auto& [n, ref] : *targets) v.tensor(n, ref);
+    }
+  };
+
+  const detail::tensor_meta& stored(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    if (it == by_name_.end()) throw error(error_kind::not_found, "no tensor " + detail::printable(name) + " in " + md_name_);
+    return md_.tensors[it->second];
+  }
+
+  std::string read_string(const std::string& key, std::uint64_t size) {
+    std::string s(size, '\0');
+    cp_->storage().read(key, 0, std::as_writable_bytes(std::span(s.data(), s.size())));
+    return s;
+  }
+
+  /// Decodes with one of ckpt's own codecs; a chunk of another codec has had its checksum
+  /// checked, which is all a reader without that codec can vouch for.
+  static void decode_builtin(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
+                             const std::string& where) {
+    try {
+      if (id == raw::id) {
+        if (in.size() != out.size())
+          throw error(error_kind::corrupt, "raw chunk of " + std::to_string(in.size()) + " bytes, expected " + std::to_string(out.size()));
+        raw{}.decode(in, t, out);
+      } else if (id == zstd::id) {
+        zstd{}.decode(in, t, out);
+      } else if (id == zstd_bytegroup::id) {
+        zstd_bytegroup{}.decode(in, t, out);
+      }
+    } catch (const error& e) {
+      throw error(e.kind(), where + ": " + e.what());
+    }
+  }
+
+  void build_info() {
+    info_.tag = md_.tag;
+    info_.iteration = md_.iteration;
+    info_.format_version = md_.format_version;
+    info_.topology = md_.topology;
+    info_.config = md_.config;
+    for (const auto& f : md_.files) info_.files.push_back({f.path, f.rank, f.size});
+    for (const auto& v : md_.values) info_.values.push_back({v.name, v.rank, v.size});
+    for (std::size_t k = 0; k < md_.tensors.size(); ++k) {
+      const auto& t = md_.tensors[k];
+      tensor_info ti;
+      ti.name = t.name;
+      ti.type = t.type;
+      ti.shape = t.shape;
+      const auto elem = size_of(t.type);
+      std::set<std::uint32_t> files;
+      std::set<std::string> codecs;
+      for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+        ti.raw_bytes += t.chunks.elements(i) * elem;
+        ti.stored_bytes += t.chunks.stored_size[i];
+        files.insert(t.chunks.file[i]);
+        codecs.insert(codec_name(t.chunks.codec[i]));
+      }
+      ti.chunks = t.chunks.size();
+      for (auto f : files) ti.files.push_back(md_.files[f].path);
+      std::sort(ti.files.begin(), ti.files.end());
+      ti.codecs.assign(codecs.begin(), codecs.end());
+      info_.raw_bytes += ti.raw_bytes;
+      info_.stored_bytes += ti.stored_bytes;
+      by_name_.emplace(t.name, k);
+      info_.tensors.push_back(std::move(ti));
+    }
+  }
+
+  std::unique_ptr<checkpointer<single_process, Store>> cp_;  // held by pointer: a reader can move
+  detail::metadata md_;
+  checkpoint_info info_;
+  std::string md_name_;
+  std::map<std::string, std::size_t> by_name_;
+};
+
+}  // namespace ckpt
