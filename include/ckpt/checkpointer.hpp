@@ -266,7 +266,9 @@ class checkpointer {
   /// Applies the retention rule now, as a save with `keep_last_n = keep` would after its
   /// commit: deletes the oldest committed tags beyond the newest `keep` (never the one `latest`
   /// names) and whatever crashed saves left behind. Returns what it deleted, or with `dry_run`
-  /// what it would delete. Takes the root's writer lock, so it never races a save.
+  /// what it would delete. Deleting holds the root's writer lock (this checkpointer's, if it
+  /// has saved, or else one taken for the call), so a prune never races another writer's save:
+  /// while one holds the root, prune fails with `busy`.
   ///
   /// @code
   /// for (const auto& gone : cp.prune(3)) std::printf("deleted %s\n", gone.c_str());
@@ -274,10 +276,12 @@ class checkpointer {
   std::vector<std::string> prune(std::size_t keep, bool dry_run = false) {
     if (keep == 0) throw error(error_kind::invalid_argument, "prune: keep must be at least 1");
     finish_pending(true);
-    take_writer_lock();
+    if (dry_run) return retention_victims("", keep);
+    std::optional<typename detail::writer_lock_of<Store>::type> held_for_this_call;
+    if constexpr (detail::lockable_root<Store>)
+      if (!writer_lock_) held_for_this_call.emplace(storage_.lock_writer(options_.wait_for_other_writer));
     auto victims = retention_victims("", keep);
-    if (!dry_run)
-      for (const auto& name : victims) remove_entry(name);
+    for (const auto& name : victims) remove_entry(name);
     return victims;
   }
 
