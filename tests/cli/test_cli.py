@@ -239,6 +239,18 @@ def reshard_between_topologies():
 
 
 @case
+def progress_only_on_a_terminal():
+    p = run("verify", two)
+    check(p.stderr == "", p.stderr)  # a pipe gets no progress bar
+    if not shutil.which("script"):
+        print("     (no `script` to give the tool a terminal: the terminal half is skipped)")
+        return
+    # `script` runs the tool on a pseudo-terminal: the bar shows bytes, percent and rate.
+    t = subprocess.run(["script", "-qec", f"{TOOL} verify {two}", "/dev/null"], capture_output=True, text=True)
+    check(t.returncode == 0 and "verify [" in t.stdout and "100%" in t.stdout and "/s" in t.stdout, t.stdout)
+
+
+@case
 def prune_keeps_newest():
     root = os.path.join(tmp, "prune")
     make(root, "--iterations", "10,20,30,40")

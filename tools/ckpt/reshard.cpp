@@ -14,6 +14,8 @@
 // otherwise, for names with a layer number (".layers.N." or "layers.N."), stage N*P/L of L
 // layers, and for the others the first stage, or the last when SRC had them on its last one.
 
+#include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <fnmatch.h>
 #include <istream>
@@ -63,7 +65,8 @@ struct lazy_slice {
 /// from SRC (one cached block, as the save stages each tensor front to back).
 class source_device {
  public:
-  source_device(ckpt::reader<>* src, std::uint64_t block_bytes) : src_(src), block_bytes_(block_bytes) {}
+  source_device(ckpt::reader<>* src, std::uint64_t block_bytes, std::atomic<std::uint64_t>* staged)
+      : src_(src), block_bytes_(block_bytes), staged_(staged) {}
   bool accepts(ckpt::device d) const noexcept { return d == ckpt::device::host(); }
 
   void to_host(const ckpt::tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) {
@@ -76,6 +79,7 @@ class source_device {
         at += ckpt::detail::element_count(sh, s.name) * ckpt::size_of(s.type);
       });
     }
+    staged_->fetch_add(dst.size(), std::memory_order_relaxed);
     while (!dst.empty()) {
       const auto k = static_cast<std::size_t>(std::upper_bound(s.block_begin.begin(), s.block_begin.end(), offset) - s.block_begin.begin()) - 1;
       if (cached_slice_ != &s || cached_block_ != k) load(s, k);
@@ -102,6 +106,7 @@ class source_device {
   }
   ckpt::reader<>* src_;
   std::uint64_t block_bytes_;
+  std::atomic<std::uint64_t>* staged_;  // bytes staged by all ranks, for the progress bar
   std::vector<std::byte> cache_;
   const lazy_slice* cached_slice_ = nullptr;
   std::size_t cached_block_ = 0;
@@ -210,6 +215,8 @@ int run_reshard(const reshard_args& a) {
   auto comm_world = std::make_shared<ckpt::in_process_world>(static_cast<int>(world));
   std::vector<std::string> failures(world);
   std::vector<std::thread> ranks;
+  std::atomic<std::uint64_t> staged{0};
+  std::atomic<std::uint32_t> finished{0};
   const std::uint64_t per_rank_buffer = std::max<std::uint64_t>(a.memory_bytes / (2 * world), 1 << 20);
   for (std::uint32_t r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
@@ -242,12 +249,20 @@ int run_reshard(const reshard_args& a) {
             ckpt::posix(a.dst),
             {.keep_last_n = 0, .threads = 1, .buffer_bytes = per_rank_buffer},
             {},
-            source_device(&mine, per_rank_buffer)};
+            source_device(&mine, per_rank_buffer, &staged)};
         cp.save(info.iteration, state, {.config = info.config, .tag = info.tag});
       } catch (const std::exception& e) {
         failures[r] = e.what();
       }
+      ++finished;
     });
+  {
+    progress_bar bar("reshard", info.raw_bytes);
+    while (finished < world) {
+      bar.update(std::min(staged.load(), info.raw_bytes));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
   for (auto& th : ranks) th.join();
   for (const auto& f : failures)
     if (!f.empty()) throw ckpt::error(ckpt::error_kind::io, "reshard: " + f);
