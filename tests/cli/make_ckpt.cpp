@@ -102,7 +102,8 @@ struct model {
 
 template <class Codec>
 void save_all(const settings& s) {
-  ckpt::config cfg{{"hidden_size", 16}, {"layers", 1}, {"seed", s.seed}};
+  ckpt::config cfg{{"hidden_size", 16}, {"layers", 1}, {"seed", s.seed}, {"lr", 3e-4}, {"precision", "bf16 \"mixed\""},
+                   {"bias", true}};
   if (s.tp == 1) {
     ckpt::checkpointer<ckpt::single_process, ckpt::posix, Codec> cp{{}, s.root};
     for (auto it : s.iterations) {

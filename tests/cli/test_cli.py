@@ -98,7 +98,7 @@ def inspect_single_and_multi_rank():
     for root, shards, codec in [(one, 1, "raw"), (two, 2, "zstd")]:
         j = json.loads(run("inspect", root, "--json").stdout)
         check(j["tag"] == "global_step300" and j["iteration"] == 300, j)
-        check(j["config"] == {"hidden_size": 16, "layers": 1, "seed": 1}, j["config"])
+        check(j["config"] == {"hidden_size": 16, "layers": 1, "seed": 1, "lr": 3e-4, "precision": 'bf16 "mixed"', "bias": True}, j["config"])
         tp = 1 if root == one else 2
         check(j["topology"]["tp"] == tp and j["topology"]["world"] == tp, j["topology"])
         t = {x["name"]: x for x in j["tensors"]}
@@ -205,7 +205,7 @@ def reshard_between_topologies():
     check("verified and equal to the source" in p.stdout, p.stdout)
     j = json.loads(run("inspect", out, "--json").stdout)
     check(len(j["files"]) == 1 and j["topology"]["tp"] == 1 and j["iteration"] == 300, j["files"])
-    check(j["config"] == {"hidden_size": 16, "layers": 1, "seed": 1}, j["config"])
+    check(j["config"] == {"hidden_size": 16, "layers": 1, "seed": 1, "lr": 3e-4, "precision": 'bf16 "mixed"', "bias": True}, j["config"])
     check(all(t["shards"] == 1 for t in j["tensors"]), j["tensors"])
     run("verify", out)
     check(run("diff", one, out, "--no-values").stdout.rstrip().endswith("EQUAL"), "tp=2 -> 1 differs from the tp=1 save")

@@ -75,6 +75,33 @@ inline std::string json_string(std::string_view s) {
   return out + "\"";
 }
 
+/// A config value as JSON: ckpt keeps config values as text (numbers in decimal, bools as
+/// true/false, strings as they are), so numbers and bools go out bare and the rest quoted.
+inline std::string json_config_value(std::string_view text) {
+  if (text == "true" || text == "false") return std::string(text);
+  // A JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+  std::size_t i = 0;
+  const auto digits = [&] {
+    const auto from = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i > from;
+  };
+  bool number = true;
+  if (i < text.size() && text[i] == '-') ++i;
+  if (i < text.size() && text[i] == '0') ++i;
+  else number = digits();
+  if (number && i < text.size() && text[i] == '.') {
+    ++i;
+    number = digits();
+  }
+  if (number && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    number = digits();
+  }
+  return number && i == text.size() ? std::string(text) : json_string(text);
+}
+
 /// Bytes done, rate and ETA on one redrawn line of stderr, only when stderr is a terminal: a
 /// log file or a pipe gets nothing. Redraws at most ten times a second.
 class progress_bar {

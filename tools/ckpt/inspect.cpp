@@ -134,7 +134,7 @@ int run_inspect(const inspect_args& a) {
       << " \"config\": {";
     bool first = true;
     for (const auto& [k, v] : info.config.entries()) {
-      o << (first ? "" : ", ") << json_string(k) << ": " << v;  // config values are JSON text already
+      o << (first ? "" : ", ") << json_string(k) << ": " << json_config_value(v);
       first = false;
     }
     o << "},\n \"raw_bytes\": " << info.raw_bytes << ", \"stored_bytes\": " << info.stored_bytes << ",\n \"files\": [";
