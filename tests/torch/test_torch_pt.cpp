@@ -647,6 +647,38 @@ TEST_CASE("torch: ZIP64 and a custom archive folder load the same") {
   CHECK(floats(ckpt::interop::load_torch(path).at("w").as_tensor().value) == std::vector<float>{0, 1, 2});
 }
 
+TEST_CASE("torch: a tensor streamed in pieces loads like one written whole") {
+  test::temp_dir dir;
+  const auto path = dir.path() / "s.pt";
+  const auto whole = iota_f32({4, 6});
+  {
+    ckpt::interop::torch_writer w(path);
+    py_object node = w.begin_tensor(dtype::f32, {4, 6});
+    const std::span<const std::byte> bytes(whole.data);
+    CHECK(contains(catch_error([&] { w.begin_tensor(dtype::f32, {1}); }).what(), "started before the last one ended"));
+    w.write(bytes.subspan(0, 7));  // pieces need not be whole elements
+    w.write(bytes.subspan(7, 40));
+    w.write(bytes.subspan(47));
+    w.end_tensor();
+    CHECK(contains(catch_error([&] { w.write(bytes); }).what(), "write with no tensor started"));
+    py_object short_one = w.begin_tensor(dtype::i64, {3});
+    w.write(std::vector<std::byte>(8));
+    CHECK(contains(catch_error([&] { w.end_tensor(); }).what(), "archive/data/1' declared 24 bytes, got 8"));
+    (void)short_one;
+  }
+  CHECK(files_in(dir.path()) == 0);  // the writer above never finished
+  {
+    ckpt::interop::torch_writer w(path);
+    py_object node = w.begin_tensor(dtype::f32, {4, 6});
+    w.write(std::span<const std::byte>(whole.data));
+    w.end_tensor();
+    w.finish(py_object::dict({{"w", node}, {"step", 3}}));
+  }
+  const auto back = ckpt::interop::load_torch(path);
+  CHECK(floats(back.at("w").as_tensor().value) == floats(whole));
+  CHECK(back.at("w").as_tensor().value.shape == ckpt::shape_t{4, 6});
+}
+
 TEST_CASE("torch: a failed save leaves no file") {
   test::temp_dir dir;
   const auto path = dir.path() / "f.pt";

@@ -67,14 +67,34 @@ class torch_writer {
   /// Writes a dense row-major tensor as a new storage record; returns its tree node.
   py_object add_tensor(dtype type, shape_t shape, std::span<const std::byte> data) {
     const std::string what = zip_.path().string() + ": tensor " + std::to_string(storages_.size());
-    const std::uint64_t numel = ckpt::detail::element_count(shape, what);
-    const std::uint64_t bytes = ckpt::detail::checked_mul(numel, size_of(type), what);
+    const std::uint64_t bytes = ckpt::detail::checked_mul(ckpt::detail::element_count(shape, what), size_of(type), what);
     if (bytes != data.size())
       throw error(error_kind::invalid_argument, what + " of dtype " + std::string(to_string(type)) + " and shape " +
                                                     ckpt::detail::to_string(shape) + " needs " + std::to_string(bytes) +
                                                     " bytes, got " + std::to_string(data.size()));
+    auto node = begin_tensor(type, std::move(shape));
+    write(data);
+    end_tensor();
+    return node;
+  }
+
+  /// Starts a storage record for a dense row-major tensor whose bytes come in pieces, for a
+  /// tensor larger than one wants to hold: `write` them in order, then `end_tensor`. Returns the
+  /// tree node, like `add_tensor`. No other tensor may start before this one ends.
+  ///
+  /// @code
+  /// auto node = w.begin_tensor(ckpt::dtype::f32, {1 << 20, 4096});
+  /// for (auto& block : blocks) w.write(block);  // 16 GiB, a block at a time
+  /// w.end_tensor();
+  /// @endcode
+  py_object begin_tensor(dtype type, shape_t shape) {
+    if (open_) throw error(error_kind::invalid_argument, zip_.path().string() + ": a tensor started before the last one ended");
+    const std::string what = zip_.path().string() + ": tensor " + std::to_string(storages_.size());
+    const std::uint64_t numel = ckpt::detail::element_count(shape, what);
+    const std::uint64_t bytes = ckpt::detail::checked_mul(numel, size_of(type), what);
     const std::string key = std::to_string(storages_.size());
-    zip_.add(archive_ + "/data/" + key, data);
+    zip_.begin(archive_ + "/data/" + key, bytes);
+    open_ = true;
     storages_.emplace(key, written{type, numel});
     py_tensor t;
     t.value.type = type;
@@ -83,6 +103,17 @@ class torch_writer {
     t.storage.numel = numel;
     t.storage.stride = contiguous_strides(t.value.shape);
     return py_object(std::move(t));
+  }
+  /// The next bytes of the tensor `begin_tensor` started.
+  void write(std::span<const std::byte> piece) {
+    if (!open_) throw error(error_kind::invalid_argument, zip_.path().string() + ": write with no tensor started");
+    zip_.write(piece);
+  }
+  /// Ends the tensor `begin_tensor` started; an error if its bytes are not all written.
+  void end_tensor() {
+    if (!open_) throw error(error_kind::invalid_argument, zip_.path().string() + ": end_tensor with no tensor started");
+    open_ = false;
+    zip_.end();
   }
   py_object add_tensor(const host_tensor& t) { return add_tensor(t.type, t.shape, t.data); }
   /// A tensor of C++ elements (`float`, `ckpt::bfloat16`, `std::int64_t`, `bool`, ...).
@@ -175,6 +206,7 @@ class torch_writer {
   std::string archive_;
   zip_writer zip_;
   std::map<std::string, written> storages_;
+  bool open_ = false;  // a tensor begun and not yet ended
 };
 
 /// Writes `root` (whose tensors carry their bytes) to a `.pt` file in one call.
