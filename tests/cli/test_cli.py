@@ -62,7 +62,7 @@ TENSORS = {
 
 @case
 def help_everywhere():
-    for sub in ["", "ls", "inspect", "verify", "diff", "prune"]:
+    for sub in ["", "ls", "inspect", "verify", "diff", "prune", "reshard", "export", "import"]:
         p = run(*([sub] if sub else []), "--help")
         check("Usage" in p.stdout or "usage" in p.stdout.lower(), f"no usage text for {sub!r}")
     p = run("no-such-command", expect="nonzero")

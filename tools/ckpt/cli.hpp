@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ckpt/checkpointer.hpp>
+#include <ckpt/dtype.hpp>
 #include <ckpt/error.hpp>
 
 namespace ckpt_tool {
@@ -149,13 +150,28 @@ class progress_bar {
 struct ls_args { std::string root; bool json = false; };
 struct inspect_args { std::string path; std::optional<std::string> tag; bool json = false; bool chunks = false; };
 struct verify_args { std::string path; std::optional<std::string> tag; bool quiet = false; };
-struct diff_args { std::string a, b; double atol = 0, rtol = 0; bool values = true; std::uint64_t block_bytes = 64ull << 20; };
+struct diff_args { std::string a, b; double atol = 0, rtol = 0; bool values = true, config = true; std::uint64_t block_bytes = 64ull << 20; };
 struct reshard_args {
   std::string src, dst;
   std::optional<std::string> tag;
   std::uint32_t tp = 1, pp = 1;
   std::vector<std::pair<std::string, int>> splits;  ///< (name glob, dimension; -1 keeps it whole)
   std::uint64_t memory_bytes = 512ull << 20;        ///< buffers of all ranks together
+};
+struct export_args {
+  std::string src, out;
+  std::optional<std::string> tag;
+  std::string format = "safetensors";            ///< safetensors or torch
+  std::optional<ckpt::dtype> dtype;              ///< floating-point tensors converted to this
+  std::optional<std::uint64_t> max_shard_bytes;  ///< none: one file
+  bool optimizer = true;                         ///< false: leave the optimizer group out
+  std::string layout = "state_dict";             ///< torch: state_dict, or megatron (model_optim_rng.pt)
+  std::uint64_t block_bytes = 64ull << 20;
+};
+struct import_args {
+  std::string file, root;
+  std::optional<std::uint64_t> iteration;  ///< none: the file's "iteration", else 0
+  std::optional<std::string> tag;
 };
 struct prune_args { std::string root; std::size_t keep = 0; bool dry_run = false; };
 
@@ -165,5 +181,7 @@ int run_verify(const verify_args&);
 int run_diff(const diff_args&);
 int run_prune(const prune_args&);
 int run_reshard(const reshard_args&);
+int run_export(const export_args&);
+int run_import(const import_args&);
 
 }  // namespace ckpt_tool

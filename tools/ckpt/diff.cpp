@@ -39,6 +39,7 @@ int run_diff(const diff_args& args) {
   for (const auto& [k, v] : ia.config.entries()) keys.insert(k);
   for (const auto& [k, v] : ib.config.entries()) keys.insert(k);
   for (const auto& k : keys) {
+    if (!args.config) break;
     const auto *x = ia.config.find(k), *y = ib.config.find(k);
     if (x && y && *x == *y) continue;
     different = true;

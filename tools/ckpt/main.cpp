@@ -7,6 +7,7 @@
 #include <exception>
 
 #include <ckpt/error.hpp>
+#include <ckpt/interop/safetensors.hpp>
 
 #include "cli.hpp"
 
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   c_di->add_option("--rtol", di.rtol, "Relative tolerance, times |B| (default 0)")->check(CLI::NonNegativeNumber);
   c_di->add_option("--block-bytes", di.block_bytes, "Bytes of each side held in memory at once (default 64 MiB)")->check(CLI::PositiveNumber);
   c_di->add_flag("!--no-values", di.values, "Do not compare per-rank values (RNG states, counters)");
+  c_di->add_flag("!--no-config", di.config, "Do not compare the configs");
   c_di->callback([&] { status = run_diff(di); });
 
   prune_args pr;
@@ -81,6 +83,39 @@ int main(int argc, char** argv) {
     }
     status = run_reshard(re);
   });
+
+  export_args ex;
+  std::string ex_dtype, ex_shard;
+  auto* c_ex = app.add_subcommand("export", "Write one consolidated model as safetensors or a PyTorch .pt file");
+  c_ex->add_option("SRC", ex.src, "Checkpoint root (its latest tag) or tag directory")->required();
+  c_ex->add_option("OUT", ex.out,
+                   "Output: a file (.safetensors, .pt or .bin), or a directory that gets Hugging Face's file names")->required();
+  c_ex->add_option("--tag", ex.tag, "Tag of SRC to export instead of latest");
+  c_ex->add_option("--format", ex.format, "safetensors or torch")->check(CLI::IsMember({"safetensors", "torch"}))->required();
+  c_ex->add_option("--dtype", ex_dtype, "Convert floating-point tensors to f32, bf16, f16 or f64")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "f64", "float32", "bfloat16", "float16", "float64"}));
+  c_ex->add_option("--max-shard-size", ex_shard, "Split the output into files of at most this size (e.g. 5GB, 500MB, 10GiB)");
+  c_ex->add_flag("!--no-optimizer", ex.optimizer, "Leave the optimizer state out");
+  c_ex->add_option("--layout", ex.layout,
+                   "torch: state_dict (a flat dict of tensors) or megatron (iteration, args, model, optimizer)")
+      ->check(CLI::IsMember({"state_dict", "megatron"}));
+  c_ex->callback([&] {
+    if (!ex_dtype.empty()) {
+      const std::string canon = ex_dtype == "float32" ? "f32" : ex_dtype == "bfloat16" ? "bf16" : ex_dtype == "float16" ? "f16"
+                              : ex_dtype == "float64" ? "f64" : ex_dtype;
+      ex.dtype = ckpt::dtype_from_string(canon);
+    }
+    if (!ex_shard.empty()) ex.max_shard_bytes = ckpt::interop::parse_size(ex_shard);
+    status = run_export(ex);
+  });
+
+  import_args im;
+  auto* c_im = app.add_subcommand("import", "Save a PyTorch .pt file or safetensors model as a ckpt checkpoint");
+  c_im->add_option("FILE", im.file, "A .pt/.bin file torch.save wrote, a .safetensors file or a model.safetensors.index.json")->required();
+  c_im->add_option("ROOT", im.root, "Checkpoint root to save into")->required();
+  c_im->add_option("--iteration", im.iteration, "Iteration to record (default: the file's 'iteration', else 0)");
+  c_im->add_option("--tag", im.tag, "Tag to save under (default global_step<iteration>)");
+  c_im->callback([&] { status = run_import(im); });
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,269 @@
+#!/usr/bin/python3
+"""`ckpt export` and `ckpt import` against the real PyTorch (Debian's python3-torch, which only
+/usr/bin/python3 imports): what ckpt exports, torch.load reads with every value exact; what
+torch.save writes, ckpt imports and exports back unchanged; a hostile pickle is refused.
+
+    check_interop.py CKPT_TOOL MAKE_CKPT        (exit 77, skipped, without torch)
+"""
+import json
+import math
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+try:
+    import torch
+except ImportError:
+    print("torch is not importable from this python: skipped")
+    sys.exit(77)
+
+TOOL, MAKE = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def run(*args, expect=0):
+    p = subprocess.run([TOOL, *args], capture_output=True, text=True)
+    if p.returncode != expect:
+        raise AssertionError(f"ckpt {' '.join(args)}: exit {p.returncode}, expected {expect}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def case(fn):
+    try:
+        fn()
+        print(f"ok   {fn.__name__}")
+    except Exception as e:  # noqa: BLE001 - report every failing case
+        failures.append(fn.__name__)
+        print(f"FAIL {fn.__name__}: {e}")
+    return fn
+
+
+# The model tests/cli/make_ckpt.cpp saves: name -> (rows, cols, salt, dtype), and its values.
+MODEL = {
+    "embed.weight": (64, 16, 1, torch.float32),
+    "layers.0.fc1.weight": (48, 16, 2, torch.float32),
+    "layers.0.fc2.weight": (16, 48, 3, torch.float32),
+    "layers.0.norm.weight": (1, 16, 4, torch.float32),
+    "layers.1.fc1.weight": (48, 16, 8, torch.float32),
+    "layers.0.fc1.weight_bf16": (48, 16, 7, torch.bfloat16),
+    "optimizer.exp_avg.embed.weight": (64, 16, 5, torch.float32),
+    "optimizer.exp_avg.layers.0.fc1.weight": (48, 16, 6, torch.float32),
+}
+
+
+def expected(name, iteration=300, seed=1):
+    rows, cols, salt, dtype = MODEL[name]
+    vals = []
+    for g in range(rows * cols):
+        x = ((g * 2654435761 + salt * 97 + seed * 13) % 10007) / 10007.0
+        vals.append(math.sin(x * 6.283) * 0.02 + iteration * 1e-4)
+    # C++ rounds the double to float, then (for bf16) the float to bf16, to nearest even.
+    return torch.tensor(vals, dtype=torch.float64).to(torch.float32).to(dtype).reshape(rows, cols)
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8) if a.numel() else a,
+                                                                      b.contiguous().view(-1).view(torch.uint8) if b.numel() else b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    names = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+    out = {}
+    for k, v in header.items():
+        b, e = v["data_offsets"]
+        raw = bytearray(data[b:e])
+        t = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out[k] = t.view(names[v["dtype"]]).reshape(v["shape"])
+    return out, meta
+
+
+tmp = tempfile.mkdtemp(prefix="ckpt-interop-")
+src = os.path.join(tmp, "src")
+subprocess.run([MAKE, src, "--iterations", "300", "--tp", "2", "--codec", "zstd_bytegroup"], check=True)
+
+
+@case
+def torch_loads_the_export():
+    out = os.path.join(tmp, "model.pt")
+    run("export", src, out, "--format", "torch")
+    sd = torch.load(out, weights_only=True)
+    check(sorted(sd) == sorted(MODEL), list(sd))
+    for name in MODEL:
+        check(same(expected(name), sd[name]), f"{name} differs")
+    # Imported back, it holds the same tensors; the config (a state dict has none) differs.
+    root = os.path.join(tmp, "reimported")
+    run("import", out, root)
+    check(run("diff", src, root, "--no-values", "--no-config").stdout.rstrip().endswith("EQUAL"), "import differs")
+    p = run("diff", src, root, "--no-values", expect=1)
+    check("config seed: A 1, B (absent)" in p.stdout, p.stdout)
+
+
+@case
+def bf16_model_only_export():
+    out = os.path.join(tmp, "model_bf16.pt")
+    run("export", src, out, "--format", "torch", "--dtype", "bf16", "--no-optimizer")
+    sd = torch.load(out)
+    check(sorted(sd) == sorted(n for n in MODEL if not n.startswith("optimizer.")), list(sd))
+    for name, t in sd.items():
+        check(same(expected(name).to(torch.bfloat16), t), f"{name} differs from torch's own bf16 rounding")
+
+
+@case
+def megatron_layout():
+    out = os.path.join(tmp, "model_optim_rng.pt")
+    run("export", src, out, "--format", "torch", "--layout", "megatron")
+    d = torch.load(out)
+    check(d["iteration"] == 300 and d["checkpoint_version"] == 3.0, d.keys())
+    check(d["args"] == {"hidden_size": 16, "layers": 1, "seed": 1, "lr": 3e-4, "precision": 'bf16 "mixed"', "bias": True}, d["args"])
+    check(sorted(d["model"]) == sorted(n for n in MODEL if not n.startswith("optimizer.")), list(d["model"]))
+    check(sorted(d["optimizer"]) == ["exp_avg.embed.weight", "exp_avg.layers.0.fc1.weight"], list(d["optimizer"]))
+    check(same(expected("optimizer.exp_avg.embed.weight"), d["optimizer"]["exp_avg.embed.weight"]), "optimizer state differs")
+
+
+@case
+def sharded_exports():
+    pt = os.path.join(tmp, "pt")
+    run("export", src, pt, "--format", "torch", "--max-shard-size", "8KB")
+    index = json.load(open(os.path.join(pt, "pytorch_model.bin.index.json")))
+    shards = sorted(set(index["weight_map"].values()))
+    check(len(shards) > 1 and shards[0] == f"pytorch_model-00001-of-{len(shards):05d}.bin", shards)
+    seen = {}
+    for s in shards:
+        for k, v in torch.load(os.path.join(pt, s)).items():
+            check(index["weight_map"][k] == s, (k, s))
+            seen[k] = v
+    check(sorted(seen) == sorted(MODEL) and index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in seen.values()), index)
+    for name in MODEL:
+        check(same(expected(name), seen[name]), f"{name} differs")
+    st = os.path.join(tmp, "st")
+    run("export", src, st, "--format", "safetensors", "--max-shard-size", "8KB")
+    index = json.load(open(os.path.join(st, "model.safetensors.index.json")))
+    seen = {}
+    for s in sorted(set(index["weight_map"].values())):
+        tensors, meta = read_safetensors(os.path.join(st, s))
+        check(meta.get("ckpt_iteration") == "300" and meta.get("format") == "pt", meta)
+        seen.update(tensors)
+    check(sorted(seen) == sorted(MODEL), list(seen))
+    for name in MODEL:
+        check(same(expected(name), seen[name]), f"{name} differs in safetensors")
+
+
+@case
+def torch_save_imports_and_exports_back():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+    lin = torch.nn.Linear(6, 3).to(torch.bfloat16)
+    state = {
+        "model": {"w": base.t(),                      # non-contiguous
+                  "row": base[1],                     # shares base's storage, with an offset
+                  "half": torch.linspace(-2, 2, 9, dtype=torch.float16),
+                  "lin": lin.state_dict(),            # bf16 parameters
+                  "p": torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float64)),
+                  "idx": torch.tensor([1, -2, 3], dtype=torch.int64),
+                  "mask": torch.tensor([True, False, True]),
+                  "layers": [torch.full((2,), float(i)) for i in range(3)]},
+        "epoch": 7, "name": "tiny", "lr": 0.25, "note": None,
+    }
+    f = os.path.join(tmp, "torch_saved.pt")
+    torch.save(state, f)
+    root = os.path.join(tmp, "imported")
+    p = run("import", f, root, "--iteration", "42")
+    check("as global_step42" in p.stdout, p.stdout)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    check(j["iteration"] == 42 and j["config"] == {"epoch": 7, "name": "tiny", "lr": 0.25}, j["config"])
+    types = {t["name"]: (t["dtype"], t["shape"]) for t in j["tensors"]}
+    check(types["model.w"] == ("f32", [6, 4]) and types["model.lin.weight"] == ("bf16", [3, 6]), types)
+    check(types["model.layers.2"] == ("f32", [2]) and types["model.mask"] == ("bool", [3]), types)
+    run("verify", root)
+    back = os.path.join(tmp, "back.pt")
+    run("export", root, back, "--format", "torch")
+    sd = torch.load(back)
+    flat = {"model.w": base.t(), "model.row": base[1], "model.half": state["model"]["half"],
+            "model.lin.weight": lin.weight.detach(), "model.lin.bias": lin.bias.detach(),
+            "model.p": state["model"]["p"].detach(), "model.idx": state["model"]["idx"], "model.mask": state["model"]["mask"],
+            **{f"model.layers.{i}": t for i, t in enumerate(state["model"]["layers"])}}
+    check(sorted(sd) == sorted(flat), sorted(sd))
+    for k, v in flat.items():
+        check(same(sd[k], v.contiguous()), f"{k} differs after import and export")
+
+
+@case
+def megatron_checkpoint_imports():
+    d = {"iteration": 1200, "checkpoint_version": 3.0,
+         "args": {"num_layers": 2, "hidden_size": 8, "fp16": False},
+         "model": {"language_model": {"embedding": torch.randn(10, 8), "layers.0.w": torch.randn(8, 8)}},
+         "optimizer": {"state": {0: {"exp_avg": torch.randn(10, 8), "step": 5}}, "param_groups": [{"lr": 0.1}]},
+         "rng_state": [{"random_rng_state": torch.ByteTensor([1, 2, 3])}]}
+    f = os.path.join(tmp, "mp_rank_00_model_optim_rng.pt")
+    torch.save(d, f)
+    root = os.path.join(tmp, "from_megatron")
+    run("import", f, root)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    check(j["iteration"] == 1200, j["iteration"])
+    check(j["config"] == {"num_layers": 2, "hidden_size": 8, "fp16": False, "optimizer.state.0.step": 5,
+                          "optimizer.param_groups.0.lr": 0.1}, j["config"])
+    names = sorted(t["name"] for t in j["tensors"])
+    check(names == ["language_model.embedding", "language_model.layers.0.w", "optimizer.state.0.exp_avg",
+                    "rng_state.0.random_rng_state"], names)
+    out = os.path.join(tmp, "again.pt")
+    run("export", root, out, "--format", "torch", "--layout", "megatron")
+    e = torch.load(out)
+    check(torch.equal(e["model"]["language_model.embedding"], d["model"]["language_model"]["embedding"]), "embedding")
+    check(torch.equal(e["optimizer"]["state.0.exp_avg"], d["optimizer"]["state"][0]["exp_avg"]), "exp_avg")
+    check(e["iteration"] == 1200, e["iteration"])
+
+
+@case
+def safetensors_import_round_trip():
+    st = os.path.join(tmp, "model.safetensors")
+    run("export", src, st, "--format", "safetensors", "--dtype", "f16")
+    root = os.path.join(tmp, "from_st")
+    p = run("import", st, root)
+    check("iteration 300" in p.stdout, p.stdout)
+    tensors, _ = read_safetensors(st)
+    out = os.path.join(tmp, "from_st.pt")
+    run("export", root, out, "--format", "torch")
+    sd = torch.load(out)
+    for name in MODEL:
+        want = expected(name).to(torch.float16)
+        check(same(want, sd[name]) and same(want, tensors[name]), f"{name} differs")
+
+
+@case
+def hostile_pickle_is_refused():
+    marker = os.path.join(tmp, "pwned")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    f = os.path.join(tmp, "evil.pt")
+    with zipfile.ZipFile(f, "w") as z:
+        z.writestr("evil/data.pkl", pickle.dumps({"w": Evil()}, protocol=2))
+        z.writestr("evil/version", "3\n")
+    p = run("import", f, os.path.join(tmp, "evil_root"), expect=2)
+    check("system" in p.stderr and "evil.pt" in p.stderr, p.stderr)
+    check(not os.path.exists(marker), "the pickle ran")
+    check(not os.path.exists(os.path.join(tmp, "evil_root", "latest")), "something was committed")
+
+
+shutil.rmtree(tmp)
+if failures:
+    print(f"{len(failures)} case(s) failed: {', '.join(failures)}")
+    sys.exit(1)
+print("all cases passed")
