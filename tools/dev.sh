@@ -75,17 +75,20 @@ case "${1:-}" in
     status=0
     common=(-Db_lundef=false -Dwerror=true -Dbench=false -Dexamples=false -Dmpi=disabled
             -Doptimization=1 -Ddebug=false -Dcpp_args=-gline-tables-only)
-    # ASan + UBSan: the whole unit suite (corruption, fault and mutation campaigns included)
-    # and a shorter crash campaign. Only these targets are built: benchmarks, examples and the
-    # MPI tests add nothing a sanitizer would see that the unit suite does not.
+    # ASan + UBSan: the whole unit suite (corruption, fault and mutation campaigns included),
+    # the interop tests (hostile pickles, zip archives and safetensors headers) and a shorter
+    # crash campaign. Only these targets are built: benchmarks, examples and the MPI tests add
+    # nothing a sanitizer would see that the unit suite does not.
     build_dir=${ASAN_BUILD_DIR:-build-asan}
     configure -Db_sanitize=address,undefined "${common[@]}"
-    meson compile -C "$build_dir" tests/unit tests/crash/crash_campaign
+    meson compile -C "$build_dir" tests/unit tests/crash/crash_campaign tests/torch/torch_pt tests/safetensors/test_safetensors
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp
     "$build_dir/tests/unit" --no-intro --minimal || status=1
+    "$build_dir/tests/torch/torch_pt" --no-intro --minimal || status=1
+    "$build_dir/tests/safetensors/test_safetensors" --no-intro --minimal || status=1
     "$build_dir/tests/crash/crash_campaign" --trials 40 --mode both || status=1
-    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, 40 crash trials)"
+    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, 40 crash trials)"
     # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
     build_dir=${TSAN_BUILD_DIR:-build-tsan}
     configure -Db_sanitize=thread "${common[@]}"

@@ -7,16 +7,17 @@
 # $FUZZ_DIR/crashes/<target>/ and belongs in tests/fuzz/regressions/<target>/ once fixed (the
 # unit suite replays those). Prints, per target, the executions run.
 #
-#   bash tools/fuzz.sh [target...]      (targets: index metadata latest; default all)
+#   bash tools/fuzz.sh [target...]      (targets: index metadata latest pickle pt safetensors;
+#                                        default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_DIR:-build-fuzz}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(index metadata latest)
+[ ${#targets[@]} -gt 0 ] || targets=(index metadata latest pickle pt safetensors)
 
 need=()
-for p in clang-14 libclang-rt-14-dev libcereal-dev libxxhash-dev libzstd-dev; do
+for p in clang-14 libclang-rt-14-dev libcereal-dev libxxhash-dev libzstd-dev zlib1g-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -36,7 +37,7 @@ flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize=built
 # Build every target, then fuzz them all at once (each fuzzer is one process; the time limit
 # is wall-clock, so they share the cores and take FUZZ_SECONDS in all).
 for t in "${targets[@]}"; do
-  clang++-14 "${flags[@]}" "tests/fuzz/fuzz_$t.cpp" -o "$out/fuzz_$t" -lzstd -lxxhash &
+  clang++-14 "${flags[@]}" "tests/fuzz/fuzz_$t.cpp" -o "$out/fuzz_$t" -lzstd -lxxhash -lz &
 done
 wait_all() {
   local rc=0

@@ -36,9 +36,9 @@ fail() {
 step() { echo "[$mode] $*"; }
 
 # 1. Install, as a packager or a user would, into a prefix of our own (headers only: nothing
-#    is compiled, as the benchmarks, tests and examples are off).
+#    is compiled, as the benchmarks, tests, examples and the ckpt tool are off).
 step "meson setup + install into $prefix"
-"$meson" setup "$tmp/build" "$source_root" --prefix="$prefix" -Dtests=false -Dexamples=false -Dbench=false \
+"$meson" setup "$tmp/build" "$source_root" --prefix="$prefix" -Dtests=false -Dexamples=false -Dbench=false -Dtools=false \
   >"$tmp/setup.log" 2>&1 || fail "meson setup of $source_root failed" "$tmp/setup.log"
 "$meson" install -C "$tmp/build" >"$tmp/install.log" 2>&1 || fail "meson install failed" "$tmp/install.log"
 [ -f "$prefix/include/ckpt/ckpt.hpp" ] || fail "the install has no $prefix/include/ckpt/ckpt.hpp"
