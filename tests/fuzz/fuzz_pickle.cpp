@@ -1,9 +1,10 @@
-// libFuzzer target: the restricted unpickler (interop/pickle.hpp) on arbitrary bytes. It must
+// libFuzzer target: the restricted unpickler (interop/unpickle.hpp) on arbitrary bytes. It must
 // refuse with a ckpt::error, never crash, read out of bounds or allocate without bound; and
 // what it accepts is pickled again and read back, which exercises the pickler on odd trees.
 // (No equality check: a NaN in the tree never equals itself.)
 
 #include <ckpt/interop/pickle.hpp>
+#include <ckpt/interop/unpickle.hpp>
 
 #include <cstddef>
 #include <cstdint>

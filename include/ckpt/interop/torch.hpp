@@ -26,6 +26,8 @@
 #include "../tensor.hpp"
 #include "host_tensor.hpp"
 #include "pickle.hpp"
+#include "py_object.hpp"
+#include "unpickle.hpp"
 #include "zip.hpp"
 
 namespace ckpt::interop {
