@@ -14,6 +14,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+
+from harness import Harness
 import zipfile
 
 try:
@@ -22,30 +24,8 @@ except ImportError:
     print("torch is not importable from this python: skipped")
     sys.exit(77)
 
-TOOL, MAKE = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def run(*args, expect=0):
-    p = subprocess.run([TOOL, *args], capture_output=True, text=True)
-    if p.returncode != expect:
-        raise AssertionError(f"ckpt {' '.join(args)}: exit {p.returncode}, expected {expect}\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def case(fn):
-    try:
-        fn()
-        print(f"ok   {fn.__name__}")
-    except Exception as e:  # noqa: BLE001 - report every failing case
-        failures.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: {e}")
-    return fn
+h = Harness(sys.argv[1], sys.argv[2])
+run, make, check, case = h.run, h.make, h.check, h.case
 
 
 # The model tests/cli/make_ckpt.cpp saves: name -> (rows, cols, salt, dtype), and its values.
@@ -95,7 +75,7 @@ def read_safetensors(path):
 
 tmp = tempfile.mkdtemp(prefix="ckpt-interop-")
 src = os.path.join(tmp, "src")
-subprocess.run([MAKE, src, "--iterations", "300", "--tp", "2", "--codec", "zstd_bytegroup"], check=True)
+make(src, "--iterations", "300", "--tp", "2", "--codec", "zstd_bytegroup")
 
 
 @case
@@ -263,7 +243,4 @@ def hostile_pickle_is_refused():
 
 
 shutil.rmtree(tmp)
-if failures:
-    print(f"{len(failures)} case(s) failed: {', '.join(failures)}")
-    sys.exit(1)
-print("all cases passed")
+h.finish()

@@ -11,35 +11,10 @@ import subprocess
 import sys
 import tempfile
 
-TOOL, MAKE = sys.argv[1], sys.argv[2]
-failures = []
+from harness import Harness
 
-
-def run(*args, expect=0):
-    p = subprocess.run([TOOL, *args], capture_output=True, text=True)
-    if p.returncode != expect and not (expect == "nonzero" and p.returncode != 0):
-        raise AssertionError(f"ckpt {' '.join(args)}: exit {p.returncode}, expected {expect}\n"
-                             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-    return p
-
-
-def make(root, *args):
-    subprocess.run([MAKE, root, *args], check=True)
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def case(fn):
-    try:
-        fn()
-        print(f"ok   {fn.__name__}")
-    except Exception as e:  # noqa: BLE001 - report every failing case, not just the first
-        failures.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: {e}")
-    return fn
+h = Harness(sys.argv[1], sys.argv[2])
+run, make, check, case = h.run, h.make, h.check, h.case
 
 
 tmp = tempfile.mkdtemp(prefix="ckpt-cli-")
@@ -246,7 +221,7 @@ def progress_only_on_a_terminal():
         print("     (no `script` to give the tool a terminal: the terminal half is skipped)")
         return
     # `script` runs the tool on a pseudo-terminal: the bar shows bytes, percent and rate.
-    t = subprocess.run(["script", "-qec", f"{TOOL} verify {two}", "/dev/null"], capture_output=True, text=True)
+    t = subprocess.run(["script", "-qec", f"{h.tool} verify {two}", "/dev/null"], capture_output=True, text=True)
     check(t.returncode == 0 and "verify [" in t.stdout and "100%" in t.stdout and "/s" in t.stdout, t.stdout)
 
 
@@ -270,7 +245,4 @@ def prune_keeps_newest():
 
 
 shutil.rmtree(tmp)
-if failures:
-    print(f"{len(failures)} case(s) failed: {', '.join(failures)}")
-    sys.exit(1)
-print("all cases passed")
+h.finish()
