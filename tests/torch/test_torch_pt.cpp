@@ -449,7 +449,7 @@ TEST_CASE("py_object: building and querying") {
   const auto e2 = catch_error([&] { (void)d.at("name").as_int(); });
   CHECK(e2.kind() == ckpt::error_kind::mismatch);
   CHECK(contains(e2.what(), "expected int, got str"));
-  CHECK(contains(catch_error([&] { py_object(std::numeric_limits<std::uint64_t>::max()); }).what(), "does not fit"));
+  CHECK(contains(catch_error([&] { (void)py_object(std::numeric_limits<std::uint64_t>::max()); }).what(), "does not fit"));
   py_object l = py_object::list({1, "two"});
   l.append(3.0);
   CHECK(l.at(2).as_float() == 3.0);

@@ -32,6 +32,38 @@
 
 namespace ckpt::interop {
 
+namespace detail {
+/// Calls `fn(tensor, path)` for every tensor in the tree under `o`, depth first, with its place
+/// in the tree as `path` (e.g. `['model']['fc.weight']`, built on the given prefix). Throws
+/// `invalid_argument` for a tree nested deeper than 1000 levels.
+template <class F>
+void for_each_tensor(py_object& o, std::string& path, std::size_t depth, F&& fn) {
+  if (depth > 1000) throw error(error_kind::invalid_argument, "object tree nested deeper than 1000 levels at " + path_or_root(path));
+  const std::size_t mark = path.size();
+  switch (o.kind()) {
+    case py_kind::list: case py_kind::tuple: {
+      auto& items = o.items();
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        path.resize(mark);
+        path += "[" + std::to_string(i) + "]";
+        for_each_tensor(items[i], path, depth + 1, fn);
+      }
+      break;
+    }
+    case py_kind::dict:
+      for (auto& [key, value] : o.entries()) {  // keys are hashable, so never tensors
+        path.resize(mark);
+        path += path_step(key);
+        for_each_tensor(value, path, depth + 1, fn);
+      }
+      break;
+    case py_kind::tensor: fn(o.as_tensor(), static_cast<const std::string&>(path)); break;
+    default: break;
+  }
+  path.resize(mark);
+}
+}  // namespace detail
+
 /// How `torch_writer` names and lays out the archive.
 ///
 /// @code
@@ -128,8 +160,7 @@ class torch_writer {
   /// own bytes (built from a `host_tensor`) are written as new storages first; tensors from
   /// `add_tensor` refer to what was already written.
   void finish(py_object root) {
-    std::string path;
-    assign_storages(root, path, 0);
+    assign_storages(root);
     const auto pkl = pickle(root);
     zip_.add(archive_ + "/data.pkl", pkl);
     zip_.add(archive_ + "/byteorder", std::as_bytes(std::span(std::string_view("little"))));
@@ -156,53 +187,38 @@ class torch_writer {
     return s;
   }
 
-  void assign_storages(py_object& o, std::string& path, std::size_t depth) {
-    if (depth > 1000) throw error(error_kind::invalid_argument, zip_.path().string() + ": object tree nested deeper than 1000 levels");
-    const std::size_t mark = path.size();
-    switch (o.kind()) {
-      case py_kind::list: case py_kind::tuple: {
-        auto& items = o.items();
-        for (std::size_t i = 0; i < items.size(); ++i) {
-          path.resize(mark);
-          path += "[" + std::to_string(i) + "]";
-          assign_storages(items[i], path, depth + 1);
-        }
-        break;
-      }
-      case py_kind::dict: {
-        for (auto& [key, value] : o.entries()) {  // keys are hashable, so never tensors
-          path.resize(mark);
-          path += detail::path_step(key);
-          assign_storages(value, path, depth + 1);
-        }
-        break;
-      }
-      case py_kind::tensor: {
-        auto& t = o.as_tensor();
-        const std::string where = zip_.path().string() + ": tensor " + detail::path_or_root(path);
-        if (t.storage.key.empty()) {
-          py_object fresh = add_tensor(t.value);
-          const bool grad = t.requires_grad;
-          t = std::move(fresh.as_tensor());
-          t.requires_grad = grad;
-        } else {
-          const auto it = storages_.find(t.storage.key);
-          if (it == storages_.end())
-            throw error(error_kind::invalid_argument, where + " refers to storage " + ckpt::detail::printable(t.storage.key) +
-                                                          ", which this writer did not write");
-          if (it->second.type != t.value.type || it->second.numel != t.storage.numel)
-            throw error(error_kind::invalid_argument,
-                        where + " says its storage " + ckpt::detail::printable(t.storage.key) + " holds " +
-                            std::to_string(t.storage.numel) + " " + std::string(to_string(t.value.type)) +
-                            " elements, but " + std::to_string(it->second.numel) + " " +
-                            std::string(to_string(it->second.type)) + " elements were written");
-        }
-        if (auto p = detail::view_problem(t); !p.empty()) throw error(error_kind::invalid_argument, where + " " + p);
-        break;
-      }
-      default: break;
+  void assign_storages(py_object& root) {
+    std::string path;
+    try {
+      detail::for_each_tensor(root, path, 0, [&](py_tensor& t, const std::string& at) { assign_storage(t, at); });
+    } catch (const error& e) {
+      if (std::string_view(e.what()).starts_with(zip_.path().string())) throw;
+      throw error(e.kind(), zip_.path().string() + ": " + e.what());
     }
-    path.resize(mark);
+  }
+
+  /// A tensor of the tree: written now if it carries its bytes, else checked against what
+  /// `add_tensor` wrote under its storage key.
+  void assign_storage(py_tensor& t, const std::string& path) {
+    const std::string where = zip_.path().string() + ": tensor " + detail::path_or_root(path);
+    if (t.storage.key.empty()) {
+      py_object fresh = add_tensor(t.value);
+      const bool grad = t.requires_grad;
+      t = std::move(fresh.as_tensor());
+      t.requires_grad = grad;
+    } else {
+      const auto it = storages_.find(t.storage.key);
+      if (it == storages_.end())
+        throw error(error_kind::invalid_argument, where + " refers to storage " + ckpt::detail::printable(t.storage.key) +
+                                                      ", which this writer did not write");
+      if (it->second.type != t.value.type || it->second.numel != t.storage.numel)
+        throw error(error_kind::invalid_argument,
+                    where + " says its storage " + ckpt::detail::printable(t.storage.key) + " holds " +
+                        std::to_string(t.storage.numel) + " " + std::string(to_string(t.value.type)) +
+                        " elements, but " + std::to_string(it->second.numel) + " " +
+                        std::string(to_string(it->second.type)) + " elements were written");
+    }
+    if (auto p = detail::view_problem(t); !p.empty()) throw error(error_kind::invalid_argument, where + " " + p);
   }
 
   std::string archive_;
@@ -286,28 +302,7 @@ struct tensor_site {
   std::string path;
 };
 inline void collect_tensors(py_object& o, std::string& path, std::vector<tensor_site>& out) {
-  const std::size_t mark = path.size();
-  switch (o.kind()) {
-    case py_kind::list: case py_kind::tuple: {
-      auto& items = o.items();
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        path.resize(mark);
-        path += "[" + std::to_string(i) + "]";
-        collect_tensors(items[i], path, out);
-      }
-      break;
-    }
-    case py_kind::dict:
-      for (auto& [key, value] : o.entries()) {
-        path.resize(mark);
-        path += path_step(key);
-        collect_tensors(value, path, out);
-      }
-      break;
-    case py_kind::tensor: out.push_back({&o.as_tensor(), path}); break;
-    default: break;
-  }
-  path.resize(mark);
+  for_each_tensor(o, path, 0, [&](py_tensor& t, const std::string& where) { out.push_back({&t, where}); });
 }
 
 }  // namespace detail
