@@ -836,11 +836,8 @@ class checkpointer {
                                               std::to_string(my_rank) + " (" + md_name + ")");
       verify_file(pick->file);
       const auto key = tag_dir + md.files[pick->file].path;
-      std::vector<std::byte> bytes(pick->size);
-      storage_.read(key, pick->file_offset, bytes);
+      const auto bytes = detail::read_value(storage_, key, *pick);
       result.bytes_read += bytes.size();
-      if (detail::xxh3(bytes) != pick->xxh3)
-        throw error(error_kind::corrupt, storage_.describe(key) + ": checksum mismatch in value " + detail::printable(val.name));
       val.load(bytes, "value " + detail::printable(val.name) + " in " + storage_.describe(key));
     }
   }
@@ -991,18 +988,9 @@ class checkpointer {
   void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
                     const std::string& where) const {
     try {
-      // ckpt's own codecs are always readable, whatever this checkpointer writes with.
-      if (id == raw::id) {
-        raw{}.decode(in, t, out);
-      } else if (id == zstd::id) {
-        zstd{}.decode(in, t, out);
-      } else if (id == zstd_bytegroup::id) {
-        zstd_bytegroup{}.decode(in, t, out);
-      } else if (id == Enc::id) {
-        codec_.decode(in, t, out);
-      } else {
-        throw error(error_kind::corrupt, "unknown codec id " + std::to_string(id));
-      }
+      if (detail::decode_builtin(id, in, t, out)) return;
+      if (id != Enc::id) throw error(error_kind::corrupt, "unknown codec id " + std::to_string(id));
+      codec_.decode(in, t, out);
     } catch (const error& e) {
       throw error(e.kind(), where + ": " + e.what());
     }

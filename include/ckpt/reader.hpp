@@ -195,14 +195,7 @@ class reader {
   /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.
   std::vector<std::byte> value_bytes(std::string_view name, std::uint32_t rank = 0) {
     for (const auto& v : md_.values)
-      if (v.name == name && v.rank == rank) {
-        const auto key = info_.tag + "/" + md_.files[v.file].path;
-        std::vector<std::byte> bytes(v.size);
-        cp_->storage().read(key, v.file_offset, bytes);
-        if (detail::xxh3(bytes) != v.xxh3)
-          throw error(error_kind::corrupt, cp_->storage().describe(key) + ": checksum mismatch in value " + detail::printable(name));
-        return bytes;
-      }
+      if (v.name == name && v.rank == rank) return detail::read_value(cp_->storage(), info_.tag + "/" + md_.files[v.file].path, v);
     throw error(error_kind::not_found, "no value " + detail::printable(name) + " of rank " + std::to_string(rank) + " in " + md_name_);
   }
 
@@ -277,14 +270,10 @@ class reader {
       if (!file_ok[v.file]) continue;
       const auto key = dir + md_.files[v.file].path;
       try {
-        std::vector<std::byte> bytes(v.size);
-        st.read(key, v.file_offset, bytes);
-        rep.bytes_checked += bytes.size();
-        if (detail::xxh3(bytes) != v.xxh3)
-          rep.problems.push_back(st.describe(key) + ": checksum mismatch in value " + detail::printable(v.name) + " of rank " +
-                                 std::to_string(v.rank));
+        rep.bytes_checked += detail::read_value(st, key, v).size();
       } catch (const error& e) {
-        rep.problems.push_back(st.describe(key) + ", value " + detail::printable(v.name) + ": " + e.what());
+        const std::string what = e.what();
+        rep.problems.push_back(e.kind() == error_kind::corrupt ? what : st.describe(key) + ", value " + detail::printable(v.name) + ": " + what);
       }
       if (on_progress) on_progress(rep.bytes_checked, total);
     }
@@ -321,15 +310,7 @@ class reader {
   static void decode_builtin(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
                              const std::string& where) {
     try {
-      if (id == raw::id) {
-        if (in.size() != out.size())
-          throw error(error_kind::corrupt, "raw chunk of " + std::to_string(in.size()) + " bytes, expected " + std::to_string(out.size()));
-        raw{}.decode(in, t, out);
-      } else if (id == zstd::id) {
-        zstd{}.decode(in, t, out);
-      } else if (id == zstd_bytegroup::id) {
-        zstd_bytegroup{}.decode(in, t, out);
-      }
+      (void)detail::decode_builtin(id, in, t, out);
     } catch (const error& e) {
       throw error(e.kind(), where + ": " + e.what());
     }

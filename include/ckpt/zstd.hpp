@@ -18,6 +18,7 @@
 
 #include "dtype.hpp"
 #include "error.hpp"
+#include "raw.hpp"
 
 namespace ckpt {
 
@@ -317,5 +318,23 @@ struct auto_codec {
   }
   void decode(std::span<const std::byte> in, dtype t, std::span<std::byte> out) const { zstd_bytegroup{}.decode(in, t, out); }
 };
+
+namespace detail {
+/// Decodes a chunk stored with one of ckpt's own codecs (raw, zstd, zstd_bytegroup), which any
+/// reader can read whatever codec its checkpointer writes with. Returns false, touching
+/// nothing, for any other codec id.
+inline bool decode_builtin(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out) {
+  if (id == raw::id) {
+    raw{}.decode(in, t, out);
+  } else if (id == zstd::id) {
+    zstd{}.decode(in, t, out);
+  } else if (id == zstd_bytegroup::id) {
+    zstd_bytegroup{}.decode(in, t, out);
+  } else {
+    return false;
+  }
+  return true;
+}
+}  // namespace detail
 
 }  // namespace ckpt

@@ -182,6 +182,18 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   return out;
 }
 
+/// The saved bytes of a value (a `value_meta`: file offset, size, XXH3, name, rank) in the file
+/// `key`, checked against their XXH3: a mismatch is `corrupt`, naming the file and the value.
+template <class S, class Value>
+std::vector<std::byte> read_value(const S& storage, const std::string& key, const Value& v) {
+  std::vector<std::byte> bytes(v.size);
+  storage.read(key, v.file_offset, bytes);
+  if (xxh3(bytes) != v.xxh3)
+    throw error(error_kind::corrupt, storage.describe(key) + ": checksum mismatch in value " + printable(v.name) + " of rank " +
+                                         std::to_string(v.rank));
+  return bytes;
+}
+
 /// Checks the parts of a shard file that metadata.json does not cover: its size, header block
 /// and footer index (which must be the one rank 0 recorded). `key` is the storage key.
 template <class S>
