@@ -846,7 +846,7 @@ class checkpointer {
   /// it arrives: the bytes are hashed while still in the CPU's cache instead of being fetched
   /// from memory a second time, which makes verifying nearly free.
   std::uint64_t read_hashed(const std::string& key, std::uint64_t offset, std::span<std::byte> out) const {
-    constexpr std::size_t piece = 256 * 1024;
+    constexpr std::size_t piece = detail::read_piece_bytes<Store>();
     if (out.size() <= piece) {
       storage_.read(key, offset, out);
       return detail::xxh3(out);

@@ -151,6 +151,18 @@ concept opens_readers = requires(const S& cs, std::string_view key, std::uint64_
   { cs.open_reader(key).read(offset, out) };
 };
 
+/// How many bytes a load asks a Storage for at a time while hashing a chunk: 256 KiB (the
+/// pieces stay in the CPU's cache between the read and the hash), unless the Storage says
+/// otherwise with `static constexpr std::size_t read_piece_bytes` (an object store, where
+/// every read is a round trip, reads whole chunks).
+template <class S>
+constexpr std::size_t read_piece_bytes() {
+  if constexpr (requires { S::read_piece_bytes; })
+    return S::read_piece_bytes;
+  else
+    return std::size_t{256} * 1024;
+}
+
 /// The guard type of a lockable_root Storage; an empty stand-in for the others.
 template <class S>
 struct writer_lock_of {
