@@ -18,8 +18,11 @@ build_dir=${BUILD_DIR:-build}
 # Debian packages ckpt builds and tests with. cmake is how Meson finds cereal and doctest,
 # which ship no pkg-config files. python3-torch is the real torch.load/torch.save the interop
 # tests check ckpt's .pt and safetensors files against (run from /usr/bin/python3).
+# libcurl4-openssl-dev and libssl-dev are what ckpt::s3 is built on (requests and SigV4; MD5 and
+# SHA-256); awscli is the independent client the S3 tests cross-check against, and npm installs
+# the S3-compatible server they run against (s3rver, pinned in tests/s3/package-lock.json).
 packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libzstd-dev libopenmpi-dev openmpi-bin
-          zlib1g-dev libcli11-dev python3-torch)
+          zlib1g-dev libcli11-dev python3-torch libcurl4-openssl-dev libssl-dev awscli)
 
 install_missing() {
   local missing=()
@@ -32,6 +35,18 @@ install_missing() {
   [ "$(id -u)" -eq 0 ] || sudo=(sudo)
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# s3rver, from npm, into tests/s3/node_modules (ignored by git). Node and npm come from Debian
+# when the machine has none.
+install_s3rver() {
+  [ -f tests/s3/node_modules/s3rver/bin/s3rver.js ] && return
+  if ! command -v npm >/dev/null; then
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  (cd tests/s3 && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 }
 
 configure() {
@@ -55,6 +70,7 @@ case "${1:-}" in
     ;;
   test)
     install_missing
+    install_s3rver
     configure -Dtests=true -Dexamples=true -Dwerror=true
     meson compile -C "$build_dir"
     status=0
