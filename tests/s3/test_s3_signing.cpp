@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -85,7 +86,12 @@ struct captured {
 /// does not wait for a 100 Continue) and keeps what it received.
 class listener {
  public:
-  explicit listener(int status = 200, std::string body = "") : status_(status), body_(std::move(body)) {
+  /// What to answer a request with: a status and a body.
+  using handler = std::function<std::pair<int, std::string>(const captured&)>;
+
+  explicit listener(int status = 200, std::string body = "")
+      : listener([status, body](const captured&) { return std::pair{status, body}; }) {}
+  explicit listener(handler h) : answer_(std::move(h)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -128,12 +134,13 @@ class listener {
             if (n <= 0) break;
             data.append(buf, static_cast<std::size_t>(n));
           }
+          const auto [status, body] = answer_(req);
           {
             std::lock_guard lock(mu_);
             got_.push_back(std::move(req));
           }
-          const auto answer = "HTTP/1.1 " + std::to_string(status_) + " X\r\nContent-Length: " + std::to_string(body_.size()) +
-                              "\r\nETag: \"" + etag_ + "\"\r\nConnection: close\r\n\r\n" + body_;
+          const auto answer = "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Length: " + std::to_string(body.size()) +
+                              "\r\nETag: \"" + etag_ + "\"\r\nConnection: close\r\n\r\n" + body;
           (void)!::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
           break;
         }
@@ -165,8 +172,8 @@ class listener {
     return r;
   }
 
-  int status_;
-  std::string body_, etag_ = "00000000000000000000000000000000";
+  handler answer_;
+  std::string etag_ = "00000000000000000000000000000000";
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
@@ -402,4 +409,32 @@ TEST_CASE("the XML helpers read S3's answers") {
   CHECK(xml_escape("<\"a&b\">") == "&lt;&quot;a&amp;b&quot;&gt;");
   CHECK(uri_encode("a b/c+d~", true) == "a%20b/c%2Bd~");
   CHECK(canonical_query({{"b", "2"}, {"a", "x/y"}, {"uploads", ""}}) == "a=x%2Fy&b=2&uploads=");
+}
+
+TEST_CASE("listings follow continuation tokens across pages, and a truncated page without one is an error") {
+  // Three pages; each token is only valid once and carries characters that need encoding.
+  listener l([](const captured& r) {
+    auto page = [](std::string keys, std::string prefixes, const char* next) {
+      return std::pair{200, "<ListBucketResult><Prefix>run/</Prefix>" + keys + prefixes + "<IsTruncated>" +
+                                std::string(next ? "true" : "false") + "</IsTruncated>" +
+                                (next ? "<NextContinuationToken>" + std::string(next) + "</NextContinuationToken>" : std::string()) +
+                                "</ListBucketResult>"};
+    };
+    if (r.target.find("continuation-token") == std::string::npos)
+      return page("<Contents><Key>run/latest</Key></Contents>", "<CommonPrefixes><Prefix>run/global_step1/</Prefix></CommonPrefixes>", "a/1+=");
+    if (r.target.find("continuation-token=a%2F1%2B%3D") != std::string::npos)
+      return page("", "<CommonPrefixes><Prefix>run/global_step2/</Prefix></CommonPrefixes>", "b&lt;2");
+    if (r.target.find("continuation-token=b%3C2") != std::string::npos)
+      return page("<Contents><Key>run/z.txt</Key></Contents>", "", nullptr);
+    return std::pair{400, std::string("<Error><Code>InvalidArgument</Code><Message>bad token</Message></Error>")};
+  });
+  auto o = example_options(l);
+  o.prefix = "run";
+  ckpt::s3 store{o};
+  CHECK(store.list("") == std::vector<std::string>{"global_step1", "global_step2", "latest", "z.txt"});
+  CHECK(l.requests().size() == 3);
+
+  listener broken(200, "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>");
+  ckpt::s3 bad{example_options(broken)};
+  CHECK_THROWS_WITH_AS(bad.list(""), doctest::Contains("no new continuation token"), ckpt::error);
 }
