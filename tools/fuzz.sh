@@ -7,14 +7,14 @@
 # $FUZZ_DIR/crashes/<target>/ and belongs in tests/fuzz/regressions/<target>/ once fixed (the
 # unit suite replays those). Prints, per target, the executions run.
 #
-#   bash tools/fuzz.sh [target...]      (targets: index metadata latest pickle pt safetensors;
+#   bash tools/fuzz.sh [target...]      (targets: index metadata latest pickle pt safetensors s3_xml;
 #                                        default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_DIR:-build-fuzz}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(index metadata latest pickle pt safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(index metadata latest pickle pt safetensors s3_xml)
 
 need=()
 for p in clang-14 libclang-rt-14-dev libcereal-dev libxxhash-dev libzstd-dev zlib1g-dev; do

@@ -20,8 +20,10 @@ inline std::string xml_unescape(std::string_view s) {
       out += s[i];
       continue;
     }
-    const auto semi = s.find(';', i);
-    if (semi == std::string_view::npos || semi - i > 10) {
+    // Entities are short: look for the ';' only nearby, so a run of bare '&' stays linear.
+    const auto near = s.substr(i, 12).find(';');
+    const auto semi = near == std::string_view::npos ? near : i + near;
+    if (semi == std::string_view::npos) {
       out += s[i];
       continue;
     }
