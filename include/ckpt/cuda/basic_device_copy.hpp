@@ -1,0 +1,225 @@
+#pragma once
+/// @file cuda/basic_device_copy.hpp
+/// The DevicePolicy for tensors in GPU memory, written against a `Runtime` (the few CUDA
+/// runtime calls it makes), so that its scheduling, ordering and error handling are tested on
+/// machines without a GPU with a fake runtime. Programs use `ckpt::cuda::device_copy`
+/// (`<ckpt/cuda/device_copy.hpp>`), which is this on the real CUDA runtime.
+///
+/// This header includes no CUDA header.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../tensor.hpp"
+
+namespace ckpt::cuda {
+
+/// How device_copy stages bytes. Pinned host memory is what makes a copy between host and GPU
+/// asynchronous (and about twice as fast as from pageable memory); it is a scarce resource, so
+/// it is bounded: `slots` buffers of `slot_bytes` per GPU, allocated once and reused by every
+/// save and load.
+struct device_copy_options {
+  std::size_t slot_bytes = std::size_t{8} << 20;
+  unsigned slots = 3;  ///< pieces in flight: one being copied over PCIe while others are drained
+};
+
+/// Tensors in GPU memory (`ckpt::device::cuda(n)`), and host tensors too.
+///
+/// Saving: each chunk is copied device → host in pieces of `slot_bytes` through a ring of
+/// pinned buffers on ckpt's own stream; while piece k is copied out of its pinned buffer into
+/// the save pipeline, pieces k+1... are already crossing PCIe, and the pipeline's workers hash,
+/// encode and write the previous chunks meanwhile.
+///
+/// Loading: host bytes go into the pinned ring and host → device on ckpt's stream, straight
+/// into the tensor; `from_host` returns once they have landed.
+///
+/// Ordering with your work: before its first copy from or to a GPU, each call makes ckpt's
+/// stream wait for everything already enqueued on `user_stream` (default: the legacy default
+/// stream), so kernels that produced a tensor before `save` are observed, and your kernels
+/// enqueued after `load` returns see the loaded bytes.
+///
+/// Errors from the runtime become `ckpt::error` naming the call, the runtime's error string
+/// and the tensor (its device, dtype, shape and the byte range).
+template <class Runtime>
+class basic_device_copy {
+ public:
+  using stream_type = typename Runtime::stream;
+
+  explicit basic_device_copy(Runtime rt = {}, stream_type user_stream = {}, device_copy_options options = {})
+      : rt_(std::make_shared<Runtime>(std::move(rt))), user_(user_stream), options_(options) {
+    if (options_.slot_bytes == 0 || options_.slots < 2)
+      throw error(error_kind::invalid_argument, "cuda::device_copy: needs slot_bytes > 0 and at least 2 slots");
+  }
+
+  bool accepts(device d) const noexcept { return d.type == device::kind::host || d.type == device::kind::cuda; }
+
+  /// Copies bytes [offset, offset + dst.size()) of `t` into `dst` (pageable host memory).
+  void to_host(const tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) {
+    check(t, offset, dst.size());
+    if (dst.empty()) return;
+    if (t.where().type == device::kind::host) {
+      std::memcpy(dst.data(), t.data() + offset, dst.size());
+      return;
+    }
+    auto& ctx = context(t.where().id, t);
+    order_after_user(ctx, t);
+    const auto n = dst.size();
+    const auto pieces = (n + options_.slot_bytes - 1) / options_.slot_bytes;
+    auto piece = [&](std::size_t k) { return std::pair{k * options_.slot_bytes, std::min(options_.slot_bytes, n - k * options_.slot_bytes)}; };
+    // Keep up to `slots` pieces in flight; drain the oldest into dst while the rest copy.
+    std::size_t issued = 0;
+    auto issue = [&] {
+      const auto [at, len] = piece(issued);
+      auto& s = ctx.slots[issued % ctx.slots.size()];
+      call(t, offset + at, len, "cudaMemcpyAsync (device to host)",
+           [&] { rt_->copy_async(s.host, t.data() + offset + at, len, ctx.stream); });
+      call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
+      ++issued;
+    };
+    for (std::size_t k = 0; k < pieces; ++k) {
+      while (issued < pieces && issued < k + ctx.slots.size()) issue();
+      const auto [at, len] = piece(k);
+      auto& s = ctx.slots[k % ctx.slots.size()];
+      call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
+      std::memcpy(dst.data() + at, s.host, len);
+    }
+  }
+
+  /// Copies `src` into `t` at byte `offset`; returns once the bytes are on the device.
+  void from_host(std::span<const std::byte> src, const tensor_ref& t, std::uint64_t offset) {
+    check(t, offset, src.size());
+    if (src.empty()) return;
+    if (t.where().type == device::kind::host) {
+      std::memcpy(t.data() + offset, src.data(), src.size());
+      return;
+    }
+    auto& ctx = context(t.where().id, t);
+    order_after_user(ctx, t);
+    const auto n = src.size();
+    std::size_t k = 0;
+    for (std::size_t at = 0; at < n; at += options_.slot_bytes, ++k) {
+      const auto len = std::min(options_.slot_bytes, n - at);
+      auto& s = ctx.slots[k % ctx.slots.size()];
+      // The slot's previous copy must have left it before it is refilled.
+      if (k >= ctx.slots.size()) call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
+      std::memcpy(s.host, src.data() + at, len);
+      call(t, offset + at, len, "cudaMemcpyAsync (host to device)",
+           [&] { rt_->copy_async(t.data() + offset + at, s.host, len, ctx.stream); });
+      call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
+    }
+    call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
+    // Work the user enqueues from now on follows the copies (they are complete already; the
+    // event makes the order explicit for streams that do not synchronise with the host).
+    call(t, offset, n, "cudaEventRecord", [&] { rt_->record(ctx.after, ctx.stream); });
+    call(t, offset, n, "cudaStreamWaitEvent", [&] { rt_->wait(user_, ctx.after); });
+  }
+
+  /// Pinned bytes held now (for tests and for the documentation's bound).
+  std::size_t pinned_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& [_, c] : contexts_) n += c->slots.size() * options_.slot_bytes;
+    return n;
+  }
+
+  const Runtime& runtime() const noexcept { return *rt_; }
+
+ private:
+  struct slot {
+    void* host = nullptr;
+    typename Runtime::event done{};
+  };
+  /// Per GPU: ckpt's stream, its events and its pinned ring.
+  struct gpu_context {
+    std::shared_ptr<Runtime> rt;
+    int device = 0;
+    typename Runtime::stream stream{};
+    typename Runtime::event before{}, after{};
+    std::vector<slot> slots;
+    ~gpu_context() {
+      try {
+        rt->set_device(device);
+        // Copies still queued (a call that failed part-way) must not outlive the pinned
+        // buffers they read or write.
+        if (stream) rt->sync(stream);
+      } catch (...) {
+        // releasing what can be released is all that is left to do
+      }
+      for (auto& s : slots) {
+        if (s.host) rt->host_free(s.host);
+        rt->destroy(s.done);
+      }
+      rt->destroy(before);
+      rt->destroy(after);
+      rt->destroy(stream);
+    }
+  };
+
+  gpu_context& context(int device, const tensor_ref& t) {
+    call(t, 0, 0, "cudaSetDevice", [&] { rt_->set_device(device); });
+    auto& c = contexts_[device];
+    if (c) return *c;
+    auto fresh = std::make_unique<gpu_context>();
+    fresh->rt = rt_;
+    fresh->device = device;
+    // Each resource is created into the context at once, so a failure part-way frees what
+    // was made (the context's destructor releases whatever is set).
+    call(t, 0, 0, "cudaStreamCreateWithFlags", [&] { fresh->stream = rt_->make_stream(); });
+    call(t, 0, 0, "cudaEventCreateWithFlags", [&] { fresh->before = rt_->make_event(); });
+    call(t, 0, 0, "cudaEventCreateWithFlags", [&] { fresh->after = rt_->make_event(); });
+    fresh->slots.resize(options_.slots);
+    for (auto& s : fresh->slots) {
+      call(t, 0, 0, "cudaEventCreateWithFlags", [&] { s.done = rt_->make_event(); });
+      call(t, 0, 0, "cudaHostAlloc (" + std::to_string(options_.slot_bytes) + " bytes)",
+           [&] { s.host = rt_->host_alloc(options_.slot_bytes); });
+    }
+    c = std::move(fresh);
+    return *c;
+  }
+
+  /// ckpt's stream waits for what the user enqueued so far.
+  void order_after_user(gpu_context& ctx, const tensor_ref& t) {
+    call(t, 0, 0, "cudaEventRecord (user stream)", [&] { rt_->record(ctx.before, user_); });
+    call(t, 0, 0, "cudaStreamWaitEvent", [&] { rt_->wait(ctx.stream, ctx.before); });
+  }
+
+  /// Runs one runtime call; its failure becomes a ckpt::error naming the call and the tensor.
+  template <class F>
+  void call(const tensor_ref& t, std::uint64_t at, std::uint64_t len, const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const typename Runtime::failure& e) {
+      throw error(error_kind::io, "cuda::device_copy: " + what + " failed: " + e.what() + " (tensor " + describe(t) +
+                                      (len ? ", bytes [" + std::to_string(at) + ", " + std::to_string(at + len) + ")" : "") +
+                                      ")");
+    }
+  }
+
+  static std::string describe(const tensor_ref& t) {
+    std::string s = std::string(to_string(t.type())) + "[";
+    for (std::size_t i = 0; i < t.shape().size(); ++i) s += (i ? "," : "") + std::to_string(t.shape()[i]);
+    s += "] on ";
+    s += t.where().type == device::kind::cuda ? "cuda:" + std::to_string(t.where().id) : std::string("host");
+    return s;
+  }
+
+  static void check(const tensor_ref& t, std::uint64_t offset, std::size_t n) {
+    if (offset > t.nbytes() || n > t.nbytes() - offset)
+      throw error(error_kind::invalid_argument, "cuda::device_copy: bytes [" + std::to_string(offset) + ", +" + std::to_string(n) +
+                                                    ") outside a tensor of " + std::to_string(t.nbytes()) + " bytes");
+  }
+
+  std::shared_ptr<Runtime> rt_;
+  stream_type user_;
+  device_copy_options options_;
+  std::map<int, std::unique_ptr<gpu_context>> contexts_;
+};
+
+}  // namespace ckpt::cuda

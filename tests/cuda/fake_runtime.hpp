@@ -1,0 +1,227 @@
+#pragma once
+// A stand-in for the CUDA runtime, so that device_copy's scheduling, ordering and error paths
+// are tested on machines without a GPU. It keeps CUDA's semantics where they matter:
+//
+// - every stream is a thread that runs its operations in order, each copy after a small delay,
+//   so a copy's bytes are not there until the stream got to it: reading a pinned buffer before
+//   synchronising shows up as wrong data, not as luck;
+// - an event completes when its stream reaches the point where it was recorded; waiting on
+//   an event waits for its most recent record, and an event never recorded is complete;
+// - "kernels" (launch) run on a stream like copies, so work enqueued before a save is
+//   observed only if ckpt orders its stream after the user's;
+// - any call can be made to fail on its n-th use with a CUDA error string.
+//
+// "Device memory" is host memory the fake hands out; copies are memcpy.
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fake {
+
+struct event_impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0, completed = 0;
+  void complete(std::uint64_t gen) {
+    std::lock_guard lock(mu);
+    completed = std::max(completed, gen);
+    cv.notify_all();
+  }
+  void wait_for(std::uint64_t gen) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return completed >= gen; });
+  }
+};
+
+class stream_impl {
+ public:
+  explicit stream_impl(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+  ~stream_impl() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void enqueue(std::function<void()> op) {
+    {
+      std::lock_guard lock(mu_);
+      ops_.push_back(std::move(op));
+    }
+    cv_.notify_all();
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+        if (ops_.empty()) return;
+        op = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      op();
+    }
+  }
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+/// What the fake remembers across copies of the runtime (the policy holds one copy).
+struct state {
+  std::mutex mu;
+  std::chrono::microseconds copy_delay{200};
+  std::map<std::string, std::pair<int, std::string>> fail_on;  // call -> (n-th use, error)
+  std::map<std::string, int> uses;
+  std::vector<std::string> calls;  // in order, for ordering checks
+  std::size_t pinned_now = 0, pinned_peak = 0, pinned_allocs = 0, streams_alive = 0, events_alive = 0;
+  std::map<void*, std::size_t> pinned_sizes;
+  // Events outlive destroy() while operations still refer to them, as CUDA's do.
+  std::map<event_impl*, std::shared_ptr<event_impl>> events;
+  int device = -1;
+  std::atomic<int> copies_in_flight{0}, max_copies_in_flight{0};
+  std::unique_ptr<stream_impl> legacy = std::make_unique<stream_impl>("legacy");  // stream 0
+};
+
+struct runtime {
+  using stream = stream_impl*;
+  using event = event_impl*;
+  struct failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+
+  std::shared_ptr<state> st = std::make_shared<state>();
+
+  void enter(const std::string& call) {
+    std::lock_guard lock(st->mu);
+    st->calls.push_back(call);
+    const int n = ++st->uses[call];
+    if (auto it = st->fail_on.find(call); it != st->fail_on.end() && it->second.first == n) throw failure(it->second.second);
+  }
+  stream_impl* resolve(stream s) { return s ? s : st->legacy.get(); }
+
+  void set_device(int d) {
+    enter("set_device");
+    st->device = d;
+  }
+  void* host_alloc(std::size_t n) {
+    enter("host_alloc");
+    std::lock_guard lock(st->mu);
+    st->pinned_now += n;
+    st->pinned_peak = std::max(st->pinned_peak, st->pinned_now);
+    ++st->pinned_allocs;
+    void* p = std::malloc(n);
+    st->pinned_sizes[p] = n;
+    return p;
+  }
+  void host_free(void* p) noexcept {
+    std::lock_guard lock(st->mu);
+    st->pinned_now -= st->pinned_sizes[p];
+    st->pinned_sizes.erase(p);
+    std::free(p);
+  }
+  stream make_stream() {
+    enter("make_stream");
+    std::lock_guard lock(st->mu);
+    ++st->streams_alive;
+    return new stream_impl("ckpt");
+  }
+  event make_event() {
+    enter("make_event");
+    auto e = std::make_shared<event_impl>();
+    std::lock_guard lock(st->mu);
+    ++st->events_alive;
+    st->events[e.get()] = e;
+    return e.get();
+  }
+  std::shared_ptr<event_impl> hold(event e) {
+    std::lock_guard lock(st->mu);
+    return st->events.at(e);
+  }
+  void destroy(stream s) noexcept {
+    if (!s) return;
+    delete s;
+    std::lock_guard lock(st->mu);
+    --st->streams_alive;
+  }
+  void destroy(event e) noexcept {
+    if (!e) return;
+    std::lock_guard lock(st->mu);
+    st->events.erase(e);
+    --st->events_alive;
+  }
+  void copy_async(void* dst, const void* src, std::size_t n, stream s) {
+    enter("copy_async");
+    auto shared = st;
+    const int now = ++shared->copies_in_flight;
+    for (int seen = shared->max_copies_in_flight; now > seen && !shared->max_copies_in_flight.compare_exchange_weak(seen, now);) {
+    }
+    resolve(s)->enqueue([dst, src, n, shared] {
+      std::this_thread::sleep_for(shared->copy_delay);
+      std::memcpy(dst, src, n);
+      --shared->copies_in_flight;
+    });
+  }
+  void record(event e, stream s) {
+    enter("record " + resolve(s)->name());
+    std::uint64_t gen;
+    {
+      std::lock_guard lock(e->mu);
+      gen = ++e->recorded;
+    }
+    resolve(s)->enqueue([e = hold(e), gen] { e->complete(gen); });
+  }
+  void wait(stream s, event e) {
+    enter("wait " + resolve(s)->name());
+    std::uint64_t gen;
+    {
+      std::lock_guard lock(e->mu);
+      gen = e->recorded;
+    }
+    resolve(s)->enqueue([e = hold(e), gen] { e->wait_for(gen); });
+  }
+  void sync(event e) {
+    enter("sync event");
+    std::uint64_t gen;
+    {
+      std::lock_guard lock(e->mu);
+      gen = e->recorded;
+    }
+    e->wait_for(gen);
+  }
+  void sync(stream s) {
+    enter("sync stream");
+    finish(s);
+  }
+
+  /// The user's side: a "kernel" on a stream (nullptr: the legacy default stream).
+  void launch(stream s, std::function<void()> kernel) { resolve(s)->enqueue(std::move(kernel)); }
+  /// Waits until everything enqueued on `s` so far has run.
+  void finish(stream s) {
+    auto done = std::make_shared<event_impl>();
+    resolve(s)->enqueue([done] { done->complete(1); });
+    done->wait_for(1);
+  }
+};
+
+}  // namespace fake

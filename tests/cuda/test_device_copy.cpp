@@ -1,0 +1,228 @@
+// ckpt::cuda::basic_device_copy on the fake runtime (fake_runtime.hpp): round trips of
+// "device" tensors of every dtype and many sizes, loads into host memory, ordering with the
+// user's stream, save_async, bounded and reused pinned memory, pieces in flight, and errors
+// from any runtime call. The same policy runs on the real runtime as ckpt::cuda::device_copy;
+// bench/gpu/run.sh exercises that on a GPU.
+
+#include "fake_runtime.hpp"
+
+#include <doctest/doctest.h>
+
+#include <ckpt/ckpt.hpp>
+#include <ckpt/cuda/basic_device_copy.hpp>
+#include <ckpt/reader.hpp>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using policy = ckpt::cuda::basic_device_copy<fake::runtime>;
+using gpu_checkpointer = ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage, ckpt::raw, policy>;
+
+constexpr ckpt::cuda::device_copy_options small_ring{.slot_bytes = 4096, .slots = 3};
+
+/// "Device memory": bytes the fake treats as on cuda:N.
+struct device_tensor {
+  ckpt::dtype type;
+  ckpt::shape_t shape;
+  int gpu = 0;
+  std::vector<std::byte> bytes;
+  device_tensor(ckpt::dtype t, ckpt::shape_t s, int g, std::uint64_t seed) : type(t), shape(std::move(s)), gpu(g) {
+    std::uint64_t n = ckpt::size_of(t);
+    for (auto d : shape) n *= d;
+    bytes.resize(n);
+    std::mt19937_64 r(seed);
+    for (auto& b : bytes) b = static_cast<std::byte>(r());
+  }
+  ckpt::tensor_ref ref() { return ckpt::tensor_ref(type, shape, bytes.data(), ckpt::device::cuda(gpu)); }
+};
+
+/// A state of device tensors (and one host tensor, which device_copy handles too).
+struct gpu_state {
+  std::vector<device_tensor> tensors;
+  std::vector<float> host = std::vector<float>(100, 1.5f);
+  template <class V>
+  void checkpoint(V& v) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) v.tensor("t" + std::to_string(i), tensors[i].ref());
+    v.tensor("host", host);
+  }
+};
+
+gpu_state every_dtype_and_size(std::uint64_t seed, int gpus = 1) {
+  gpu_state s;
+  const ckpt::dtype types[] = {ckpt::dtype::f64, ckpt::dtype::f32, ckpt::dtype::f16, ckpt::dtype::bf16,
+                               ckpt::dtype::i64,   ckpt::dtype::i32,   ckpt::dtype::i16,   ckpt::dtype::i8,
+                               ckpt::dtype::u8,   ckpt::dtype::boolean};
+  // 0 and 1 elements, under one slot, exactly one slot, one byte over, many slots.
+  const std::uint64_t sizes[] = {0, 1, 1000, 4096, 4097, 100'000};
+  int k = 0;
+  for (auto t : types)
+    for (auto n : sizes) {
+      const auto elems = t == ckpt::dtype::boolean ? n : std::max<std::uint64_t>(n / ckpt::size_of(t), n ? 1 : 0);
+      s.tensors.emplace_back(t, ckpt::shape_t{elems}, k % gpus, seed + static_cast<std::uint64_t>(k));
+      ++k;
+    }
+  for (auto& t : s.tensors)
+    if (t.type == ckpt::dtype::boolean)
+      for (auto& b : t.bytes) b &= std::byte{1};
+  return s;
+}
+
+void scramble(gpu_state& s) {
+  for (auto& t : s.tensors) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xAB});
+  std::fill(s.host.begin(), s.host.end(), -1.f);
+}
+
+/// A host-only state, for a first checkpoint written without the GPU policy.
+struct host_only {
+  std::vector<float> w = std::vector<float>(10, 2.f);
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("t0", w);
+  }
+};
+
+bool same(const gpu_state& a, const gpu_state& b) {
+  if (a.host != b.host || a.tensors.size() != b.tensors.size()) return false;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i)
+    if (a.tensors[i].bytes != b.tensors[i].bytes) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("device tensors of every dtype and size round-trip through the pinned ring, on one GPU and two") {
+  for (int gpus : {1, 2}) {
+    CAPTURE(gpus);
+    fake::runtime rt;
+    ckpt::memory_storage mem;
+    gpu_checkpointer cp{{}, mem, {.chunk_bytes = 10'000}, {}, policy{rt, nullptr, small_ring}};
+    auto saved = every_dtype_and_size(1, gpus);
+    cp.save(1, saved);
+    auto back = every_dtype_and_size(1, gpus);
+    scramble(back);
+    cp.load(back);
+    CHECK(same(back, saved));
+    // Pinned memory: one ring per GPU, allocated once.
+    CHECK(rt.st->pinned_peak == static_cast<std::size_t>(gpus) * 3 * 4096);
+    CHECK(rt.st->pinned_allocs == static_cast<std::size_t>(gpus) * 3);
+  }
+}
+
+TEST_CASE("a checkpoint of device tensors loads into host memory, with no GPU policy at all") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  auto saved = every_dtype_and_size(2);
+  {
+    gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+    cp.save(1, saved);
+  }
+  for (std::size_t i : {std::size_t{4}, std::size_t{11}, std::size_t{59}}) {
+    std::vector<std::byte> into(saved.tensors[i].bytes.size());
+    ckpt::reader<ckpt::memory_storage> r{mem};
+    r.read("t" + std::to_string(i), ckpt::tensor_ref(saved.tensors[i].type, saved.tensors[i].shape, into.data()));
+    CHECK(into == saved.tensors[i].bytes);
+  }
+}
+
+TEST_CASE("save waits for the kernels already on the user's stream; load's bytes are there for the next ones") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+  gpu_state s;
+  s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{50'000}, 0, 3);
+  auto& t = s.tensors[0];
+  // A "kernel" that writes the tensor 50 ms from now, enqueued just before the save.
+  rt.launch(nullptr, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::fill(t.bytes.begin(), t.bytes.end(), std::byte{7});
+  });
+  cp.save(1, s);
+  scramble(s);
+  cp.load(s);
+  CHECK(std::all_of(t.bytes.begin(), t.bytes.end(), [](std::byte b) { return b == std::byte{7}; }));
+  // ckpt's stream waited on the user's before copying; after the load the user's stream
+  // waits on ckpt's.
+  const auto& calls = rt.st->calls;
+  const auto first_copy = std::find(calls.begin(), calls.end(), "copy_async");
+  CHECK(std::find(calls.begin(), first_copy, "wait ckpt") != first_copy);
+  CHECK(std::find(calls.begin(), first_copy, "record legacy") != first_copy);
+  CHECK(calls.back() == "wait legacy");
+}
+
+TEST_CASE("save_async returns once the device snapshot is taken: the tensor may change at once") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+  auto s = every_dtype_and_size(4);
+  const auto before = s;
+  auto h = cp.save_async(1, s);
+  for (auto& t : s.tensors) rt.launch(nullptr, [&t] { std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0x55}); });
+  rt.finish(nullptr);
+  h.wait();
+  auto back = every_dtype_and_size(4);
+  scramble(back);
+  cp.load(back);
+  CHECK(same(back, before));
+}
+
+TEST_CASE("pinned memory stays bounded and is reused; copies overlap with draining") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {.keep_last_n = 1, .chunk_bytes = 1 << 20}, {}, policy{rt, nullptr, small_ring}};
+  gpu_state s;
+  for (int i = 0; i < 4; ++i) s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{256 * 1024}, 0, 10 + static_cast<std::uint64_t>(i));
+  cp.save(1, s);
+  cp.save(2, s);
+  CHECK(rt.st->pinned_peak == 3 * 4096);  // 4 MiB of tensors through 12 KiB of pinned memory
+  CHECK(rt.st->pinned_allocs == 3);       // allocated by the first save, reused by the second
+  CHECK(rt.st->max_copies_in_flight >= 2);
+}
+
+TEST_CASE("a failing runtime call is a ckpt::error naming the call, the error and the tensor; nothing leaks") {
+  struct failing_call {
+    const char* call;
+    int nth;
+    const char* expect;
+  };
+  for (const auto& f : {failing_call{"copy_async", 5, "cudaMemcpyAsync (device to host) failed"},
+                        failing_call{"host_alloc", 2, "cudaHostAlloc (4096 bytes) failed"},
+                        failing_call{"make_stream", 1, "cudaStreamCreateWithFlags failed"},
+                        failing_call{"sync event", 3, "cudaEventSynchronize failed"}}) {
+    CAPTURE(f.call);
+    fake::runtime rt;
+    {
+      ckpt::memory_storage mem;
+      gpu_state s;
+      s.tensors.emplace_back(ckpt::dtype::bf16, ckpt::shape_t{3, 10'000}, 0, 5);
+      gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+      // A first checkpoint through a policy of its own, so the failure hits a fresh one.
+      ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> host{{}, mem};
+      host_only first;
+      host.save(1, first);
+      rt.st->fail_on[f.call] = {f.nth, "cudaErrorIllegalAddress: an illegal memory access was encountered"};
+      try {
+        cp.save(2, s);
+        FAIL("no error");
+      } catch (const ckpt::error& e) {
+        const std::string m = e.what();
+        CHECK(e.kind() == ckpt::error_kind::io);
+        CHECK(m.find(f.expect) != std::string::npos);
+        CHECK(m.find("cudaErrorIllegalAddress: an illegal memory access was encountered") != std::string::npos);
+        CHECK(m.find("bf16[3,10000] on cuda:0") != std::string::npos);
+      }
+      CHECK(cp.latest() == "global_step1");  // the last good checkpoint is untouched
+    }
+    CHECK(rt.st->pinned_now == 0);
+    CHECK(rt.st->streams_alive == 0);
+    CHECK(rt.st->events_alive == 0);
+  }
+}
+
+TEST_CASE("device_copy's options are checked") {
+  CHECK_THROWS_AS(policy(fake::runtime{}, nullptr, {.slot_bytes = 0, .slots = 3}), ckpt::error);
+  CHECK_THROWS_AS(policy(fake::runtime{}, nullptr, {.slot_bytes = 4096, .slots = 1}), ckpt::error);
+}
