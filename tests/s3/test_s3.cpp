@@ -44,8 +44,10 @@ std::pair<int, std::string> shell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 std::string aws(const std::string& args) {
-  auto [rc, out] = shell("aws --endpoint-url " + env("CKPT_TEST_S3_ENDPOINT") + " " + args);
-  REQUIRE_MESSAGE(rc == 0, "aws ", args, " failed: ", out);
+  const auto [rc, out] = shell("aws --endpoint-url " + env("CKPT_TEST_S3_ENDPOINT") + " " + args);
+  const bool ok = rc == 0;
+  const std::string said = out;  // doctest's macros are lambdas, which cannot name a structured binding in C++20
+  REQUIRE_MESSAGE(ok, "aws ", args, " failed: ", said);
   return out;
 }
 

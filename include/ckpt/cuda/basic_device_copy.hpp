@@ -53,7 +53,9 @@ class basic_device_copy {
  public:
   using stream_type = typename Runtime::stream;
 
-  explicit basic_device_copy(Runtime rt = {}, stream_type user_stream = {}, device_copy_options options = {})
+  /// Orders copies after the legacy default stream, with the default ring.
+  basic_device_copy() : basic_device_copy(Runtime{}) {}
+  explicit basic_device_copy(Runtime rt, stream_type user_stream = {}, device_copy_options options = {})
       : rt_(std::make_shared<Runtime>(std::move(rt))), user_(user_stream), options_(options) {
     if (options_.slot_bytes == 0 || options_.slots < 2)
       throw error(error_kind::invalid_argument, "cuda::device_copy: needs slot_bytes > 0 and at least 2 slots");
@@ -73,11 +75,13 @@ class basic_device_copy {
     order_after_user(ctx, t);
     const auto n = dst.size();
     const auto pieces = (n + options_.slot_bytes - 1) / options_.slot_bytes;
-    auto piece = [&](std::size_t k) { return std::pair{k * options_.slot_bytes, std::min(options_.slot_bytes, n - k * options_.slot_bytes)}; };
+    // Piece k is bytes [k * slot_bytes, + piece_len(k)) of dst. (Plain values, not structured
+    // bindings: clang 14 cannot capture those in the lambdas below.)
+    auto piece_len = [&](std::size_t k) { return std::min(options_.slot_bytes, n - k * options_.slot_bytes); };
     // Keep up to `slots` pieces in flight; drain the oldest into dst while the rest copy.
     std::size_t issued = 0;
     auto issue = [&] {
-      const auto [at, len] = piece(issued);
+      const std::size_t at = issued * options_.slot_bytes, len = piece_len(issued);
       auto& s = ctx.slots[issued % ctx.slots.size()];
       call(t, offset + at, len, "cudaMemcpyAsync (device to host)",
            [&] { rt_->copy_async(s.host, t.data() + offset + at, len, ctx.stream); });
@@ -86,7 +90,7 @@ class basic_device_copy {
     };
     for (std::size_t k = 0; k < pieces; ++k) {
       while (issued < pieces && issued < k + ctx.slots.size()) issue();
-      const auto [at, len] = piece(k);
+      const std::size_t at = k * options_.slot_bytes, len = piece_len(k);
       auto& s = ctx.slots[k % ctx.slots.size()];
       call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
       std::memcpy(dst.data() + at, s.host, len);
