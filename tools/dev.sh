@@ -71,7 +71,9 @@ case "${1:-}" in
   test)
     install_missing
     install_s3rver
-    configure -Dtests=true -Dexamples=true -Dwerror=true
+    # -O2 without debug information: the suite needs no debugger, and leaving out -g nearly
+    # halves the compile time of ckpt's template-heavy tests (58 s -> 34 s for one of them).
+    configure -Dtests=true -Dexamples=true -Dwerror=true -Doptimization=2 -Ddebug=false
     meson compile -C "$build_dir"
     status=0
     meson test -C "$build_dir" --print-errorlogs --num-processes 2 || status=$?
