@@ -648,7 +648,8 @@ class zip_reader {
         corrupt(label + ": data at offset " + std::to_string(start) + " (" + std::to_string(e.size) +
                 " bytes) runs past the central directory at " + std::to_string(cd_offset));
       const auto local_name = read_bytes(e.header_offset + detail::zip_local_size, name_len, "local file name");
-      if (name_len != e.name.size() || std::memcmp(local_name.data(), e.name.data(), name_len) != 0)
+      // (memcmp of zero bytes still wants valid pointers, and an empty name has none.)
+      if (name_len != e.name.size() || (name_len != 0 && std::memcmp(local_name.data(), e.name.data(), name_len) != 0))
         corrupt(label + ": local header names a different file");
       e.data_offset = start;
     }
