@@ -101,18 +101,18 @@ case "${1:-}" in
     configure -Db_sanitize=address,undefined "${common[@]}"
     install_s3rver
     meson compile -C "$build_dir" tests/unit tests/crash/crash_campaign tests/torch/torch_pt tests/safetensors/test_safetensors \
-      tests/s3/test_s3_signing tests/s3/test_s3
+      tests/s3/test_s3_signing
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp
     "$build_dir/tests/unit" --no-intro --minimal || status=1
     "$build_dir/tests/torch/torch_pt" --no-intro --minimal || status=1
     "$build_dir/tests/safetensors/test_safetensors" --no-intro --minimal || status=1
     "$build_dir/tests/crash/crash_campaign" --trials 40 --mode both || status=1
-    # The S3 Storage: signing and retries on a loopback listener, and the whole S3 suite
-    # (parallel part uploads and range reads, faults, a killed server) against s3rver.
+    # The S3 client: signing, retries, listings and errors on a loopback listener. (The whole
+    # S3 suite against s3rver runs under TSan below: its risks are the threads of parallel
+    # parts and ranges, and one more ASan build of it would not fit CI's 30 minutes.)
     "$build_dir/tests/s3/test_s3_signing" --no-intro --minimal || status=1
-    /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
-    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, S3 tests, 40 crash trials)"
+    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, S3 client, 40 crash trials)"
     # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
     build_dir=${TSAN_BUILD_DIR:-build-tsan}
     configure -Db_sanitize=thread "${common[@]}"
