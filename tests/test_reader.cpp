@@ -3,6 +3,7 @@
 
 #include "failing_storage.hpp"
 #include "helpers.hpp"
+#include "on_ranks.hpp"
 
 #include <ckpt/in_process.hpp>
 #include <ckpt/reader.hpp>
@@ -39,23 +40,7 @@ struct tp_rank {
   }
 };
 
-/// Saves (or loads) one tp_rank per thread of an in_process world; returns each rank's error.
-template <class F>
-std::vector<std::string> on_ranks(std::uint32_t n, F&& body) {
-  auto world = std::make_shared<ckpt::in_process_world>(static_cast<int>(n));
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> ranks;
-  for (std::uint32_t r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        body(ckpt::in_process{world, static_cast<int>(r)}, r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
-  return errors;
-}
+using test::on_ranks;
 
 struct small_state {
   std::vector<float> w = std::vector<float>(4);

@@ -10,6 +10,7 @@
 #include <ckpt/mpi.hpp>
 
 #include "../failing_storage.hpp"
+#include "world.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -22,17 +23,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 /// A directory every rank sees, removed at scope exit.
 struct shared_dir {

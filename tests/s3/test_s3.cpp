@@ -5,6 +5,7 @@
 // CKPT_TEST_S3_CONTROL (faults, request log, kill/restart of s3rver), CKPT_TEST_S3_BUCKET,
 // CKPT_TEST_S3_DATA (s3rver's directory), and AWS_* credentials for awscli and ckpt alike.
 
+#include "../on_ranks.hpp"
 #include "s3_test_env.hpp"
 
 #include <doctest/doctest.h>
@@ -229,21 +230,7 @@ TEST_CASE("a checkpointer saves to a bucket and resumes from it; retention delet
 }
 
 TEST_CASE("tp=2 ranks each upload their own shard file; a tp=4 load fetches only the ranges it needs") {
-  auto on_ranks = [](std::uint32_t n, auto&& body) {
-    auto world = std::make_shared<ckpt::in_process_world>(static_cast<int>(n));
-    std::vector<std::string> errors(n);
-    std::vector<std::thread> ranks;
-    for (std::uint32_t r = 0; r < n; ++r)
-      ranks.emplace_back([&, r] {
-        try {
-          body(ckpt::in_process{world, static_cast<int>(r)}, r);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : ranks) t.join();
-    return errors;
-  };
+  using test::on_ranks;
   auto errors = on_ranks(2, [&](ckpt::in_process comm, std::uint32_t r) {
     ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::s3> cp{{.tp = 2, .comm = comm}, ckpt::s3{options("tp")},
                                                                       {.chunk_bytes = 256 << 10}};

@@ -2,6 +2,7 @@
 // rank sees the same s3rver): every rank uploads its own shard file, rank 0 commits, and the
 // checkpoint loads at another layout; save_async; one rank's failed upload means no commit.
 
+#include "../mpi/world.hpp"
 #include "s3_test_env.hpp"
 
 #include <doctest/doctest.h>
@@ -18,17 +19,6 @@
 using namespace s3test;
 
 namespace {
-
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 /// A (rows x 1024) fp32 weight split by rows over tp ranks: 6 MiB a rank at the sizes below, so
 /// every rank's shard file is a multipart upload. Also a replicated bias and a per-rank step.
