@@ -30,6 +30,7 @@
 #include "detail/pipeline.hpp"
 #include "detail/region.hpp"
 #include "detail/shard_io.hpp"
+#include "detail/streamed_gather.hpp"
 #include "error.hpp"
 #include "host_copy.hpp"
 #include "names.hpp"
@@ -54,6 +55,15 @@ namespace detail {
 /// A ShardPolicy that sends every rank's tensors to rank 0 (see gather_to_root).
 template <class P>
 concept gathers = requires { requires P::gathers; };
+
+/// A gathering policy whose communicator moves bytes point to point: shards stream to rank 0
+/// chunk by chunk at save (see streamed_gather.hpp).
+template <class P>
+concept streams = gathers<P> && Transport<typename P::communicator_type>;
+
+/// A streaming policy that also scatters at load: rank 0 reads, the others receive.
+template <class P>
+concept scatters = streams<P> && requires(const P& p) { { p.scatter_on_load } -> std::convertible_to<bool>; };
 
 inline constexpr std::uint64_t max_gather_bytes = (std::uint64_t{1} << 31) - 1;
 inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory is a ckpt tag"
@@ -259,7 +269,17 @@ class checkpointer {
       }
       std::erase_if(result.unexpected, [&](const std::string& n) { return seen[n] != all.size(); });
     }
-    detail::collective(comm, [&] { restore(md, v, opts, result); });
+    if constexpr (detail::scatters<Policy>) {
+      if (policy_.scatter_on_load && comm.size() > 1) {
+        scatter_restore(md, v, opts, result);
+        return result;
+      }
+    }
+    detail::collective(comm, [&] {
+      const auto plan = plan_restore(md, v, opts, result);
+      auto verify_file = file_verifier(md, result);
+      read_restore(md, plan, opts, verify_file, result);
+    });
     return result;
   }
 
@@ -331,6 +351,11 @@ class checkpointer {
     std::vector<detail::stored_value> values;
     std::vector<std::string> held;  // tensors this rank holds but leaves to another writer
     detail::gathered at_root;       // under a gathering policy: what the other ranks sent rank 0
+    // Streamed gathers: for each of `mine`, -1 for rank 0's own, else the rank whose bytes are
+    // received as they are written; on the other ranks, the tensors they send rank 0.
+    std::vector<int> source;
+    std::vector<detail::stored_tensor> sent;
+    std::uint64_t transfer_chunk = 0;  // rank 0's chunk size, which the transfers follow
   };
 
   /// The collective first half of a save: validates the state and agrees on what each rank
@@ -378,52 +403,100 @@ class checkpointer {
     });
     agree_on(comm, tag, iteration);
     if constexpr (detail::gathers<Policy>) {
+      // Streamed: only names and shapes go through the gather; the bytes follow point to
+      // point while rank 0 writes. Otherwise everything passes through one gather.
+      constexpr bool streamed = detail::streams<Policy>;
       std::string packed;
       detail::collective(comm, [&] {
         if (comm.rank() != 0) {
-          packed = detail::pack_for_root(mine, values, device_);
+          packed = detail::pack_for_root(mine, values, device_, !streamed);
+          if (streamed) plan.sent = std::move(mine);
           mine.clear();
           values.clear();
         }
       });
-      // Everything passes through one gather: refuse, on every rank alike, what would not fit
-      // in a message (MPI counts are ints).
-      const std::uint64_t size = packed.size();
-      const auto sizes = comm.all_gather(std::as_bytes(std::span(&size, 1)));
-      detail::collective(comm, [&] {
-        std::uint64_t total = 0;
-        for (const auto& b : sizes) {
-          std::uint64_t n = 0;
-          std::memcpy(&n, b.data(), std::min<std::size_t>(b.size(), 8));
-          total += n;
-        }
-        if (total > detail::max_gather_bytes)
-          throw error(error_kind::invalid_argument, "gather_to_root: the state is " + std::to_string(total) +
-                                                        " bytes, more than the " + std::to_string(detail::max_gather_bytes) +
-                                                        " one gather can carry; use megatron");
-      });
+      if constexpr (!streamed) {
+        // Refuse, on every rank alike, what would not fit in a message (MPI counts are ints).
+        const std::uint64_t size = packed.size();
+        const auto sizes = comm.all_gather(std::as_bytes(std::span(&size, 1)));
+        detail::collective(comm, [&] {
+          std::uint64_t total = 0;
+          for (const auto& b : sizes) {
+            std::uint64_t n = 0;
+            std::memcpy(&n, b.data(), std::min<std::size_t>(b.size(), 8));
+            total += n;
+          }
+          if (total > detail::max_gather_bytes)
+            throw error(error_kind::invalid_argument, "gather_to_root: the state is " + std::to_string(total) +
+                                                          " bytes, more than the " + std::to_string(detail::max_gather_bytes) +
+                                                          " one gather can carry; use megatron");
+        });
+      }
       auto parts = comm.gather(detail::as_bytes(packed), 0);
       detail::collective(comm, [&] {
-        for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root);
+        for (std::size_t r = 1; r < parts.size(); ++r) detail::unpack_at_root(parts[r], static_cast<int>(r), at_root, !streamed);
       });
-      for (auto& t : at_root.tensors) mine.push_back(std::move(t));
+      plan.source.assign(mine.size(), -1);
+      for (std::size_t i = 0; i < at_root.tensors.size(); ++i) {
+        mine.push_back(std::move(at_root.tensors[i]));
+        plan.source.push_back(streamed ? at_root.from[i] : -1);
+      }
       for (auto& val : at_root.values) values.push_back(std::move(val));
+      if constexpr (streamed) {
+        // The transfers follow rank 0's chunking, whatever the other ranks' options say.
+        std::vector<std::byte> chunk(sizeof(std::uint64_t));
+        const std::uint64_t mine_chunk = options_.chunk_bytes;
+        std::memcpy(chunk.data(), &mine_chunk, sizeof mine_chunk);
+        comm.broadcast(chunk, 0);
+        std::memcpy(&plan.transfer_chunk, chunk.data(), sizeof plan.transfer_chunk);
+      }
     }
     return plan;
   }
 
   /// Copies every tensor this rank writes into host buffers the checkpointer keeps (reused by
-  /// the next async save), and points the plan at the copies.
+  /// the next async save), and points the plan at the copies. In a streamed gather, rank 0
+  /// receives the other ranks' tensors into such buffers and they send them: once this returns
+  /// on a rank, its tensors may change.
   void snapshot(save_plan& plan) {
+    if constexpr (detail::streams<Policy>) {
+      auto& comm = policy_.communicator();
+      if (!plan.sent.empty()) {
+        detail::send_to_root(comm, plan.sent, plan.transfer_chunk);
+        plan.sent.clear();
+      }
+      if (std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; })) {
+        detail::receiving_device<Device, typename Policy::communicator_type> rx(device_, comm, plan.mine, plan.source,
+                                                                                  plan.transfer_chunk);
+        try {
+          copy_into_snapshot(plan, rx);
+        } catch (...) {
+          rx.drain();
+          throw;
+        }
+        plan.source.clear();  // every tensor is in host memory now
+        return;
+      }
+    }
+    copy_into_snapshot(plan, device_);
+  }
+
+  template <class Dev>
+  void copy_into_snapshot(save_plan& plan, Dev& device) {
     std::size_t k = 0;
     for (auto& t : plan.mine) {
       if (k == snapshot_.size()) snapshot_.emplace_back();
-      auto& buf = snapshot_[k++];
-      buf.resize(t.ref.nbytes());
-      if (t.ref.where().type == device::kind::host) {
+      auto& buf = snapshot_[k];
+      const bool remote = k < plan.source.size() && plan.source[k] >= 0;
+      ++k;
+      buf.resize(static_cast<std::size_t>(t.ref.nbytes()), device_);
+      if (remote) {
+        for (const auto& r : detail::transfer_ranges(t.ref, plan.transfer_chunk))
+          device.to_host(t.ref, r.offset, buf.span().subspan(static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.bytes)));
+      } else if (t.ref.where().type == device::kind::host) {
         if (!buf.empty()) std::memcpy(buf.data(), t.ref.data(), buf.size());
       } else {
-        device_.to_host(t.ref, 0, buf);
+        device.to_host(t.ref, 0, buf.span());
       }
       tensor_ref copy(t.ref.type(), t.ref.shape(), buf.data());
       if (t.ref.shard()) copy.sharded(*t.ref.shard());
@@ -442,10 +515,32 @@ class checkpointer {
     comm.barrier();
     std::optional<detail::written_shard> written;
     detail::collective(comm, [&] {
+      if constexpr (detail::streams<Policy>) {
+        if (!plan.sent.empty()) detail::send_to_root(comm, plan.sent, plan.transfer_chunk);
+      }
       if (auto path = policy_.shard_file()) {
+        const auto rank = static_cast<std::uint32_t>(comm.rank());
+        if constexpr (detail::streams<Policy>) {
+          if (std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; })) {
+            // The other ranks' chunks arrive as the pipeline stages them (see receiving_device).
+            detail::receiving_device<Dev, typename Policy::communicator_type> rx(device, comm, plan.mine, plan.source,
+                                                                               plan.transfer_chunk);
+            try {
+              detail::check_key(*path);
+              written = detail::write_shard(storage_, tag, *path, rank, plan.mine, plan.values, codec_, rx, write_settings());
+            } catch (...) {
+              rx.drain();
+              throw;
+            }
+            if (!rx.complete()) {
+              rx.drain();
+              throw error(error_kind::communication, "gather_to_root: rank 0 wrote its file without every chunk sent to it");
+            }
+            return;
+          }
+        }
         detail::check_key(*path);
-        written = detail::write_shard(storage_, tag, *path, static_cast<std::uint32_t>(comm.rank()), plan.mine, plan.values,
-                                      codec_, device, write_settings());
+        written = detail::write_shard(storage_, tag, *path, rank, plan.mine, plan.values, codec_, device, write_settings());
       } else if (!plan.mine.empty() || !plan.values.empty()) {
         throw error(error_kind::invalid_argument, "the shard policy gives rank " + std::to_string(comm.rank()) +
                                                       " tensors to write but no file to write them to");
@@ -763,8 +858,22 @@ class checkpointer {
     for (const auto& val : md.values) classify(val.name);
   }
 
-  /// Reads the chunks that overlap the live tensors, verifies them, and restores values.
-  void restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
+  /// A live tensor to fill from the stored tensor of the same name.
+  struct tensor_load {
+    const detail::tensor_meta* stored;
+    const std::string* name;
+    const tensor_ref* ref;
+  };
+
+  /// What a load reads for this rank, decided (and checked) before any byte is read.
+  struct restore_plan {
+    std::vector<tensor_load> tensors;
+    std::vector<std::pair<const value_entry*, const detail::value_meta*>> values;  // live value, stored one
+  };
+
+  /// Checks the live state against the checkpoint and decides what to read: every live tensor
+  /// that is stored, and the stored value each live value is restored from.
+  restore_plan plan_restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
     auto& comm = policy_.communicator();
     const std::string tag_dir = md.tag + "/";
     std::unordered_map<std::string_view, const detail::tensor_meta*> stored;
@@ -802,24 +911,12 @@ class checkpointer {
                                             ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
                                             "load_options::on_topology_change to keep_live or from_rank_0");
 
-    std::set<std::uint32_t> verified_files;
-    auto verify_file = [&](std::uint32_t f) {
-      if (!verified_files.insert(f).second) return;
-      const auto& fm = md.files[f];
-      detail::verify_shard_file(storage_, tag_dir + fm.path, fm.size, fm.index_xxh3);
-      result.bytes_read += detail::header_used + detail::trailer_bytes;
-    };
-
-    std::vector<tensor_load> wanted;
+    restore_plan plan;
     for (const auto& t : v.tensors())
-      if (auto it = stored.find(t.name); it != stored.end()) wanted.push_back({it->second, &t.name, &t.ref});
-    load_tensors(wanted, md, tag_dir, verify_file, result, device_);
+      if (auto it = stored.find(t.name); it != stored.end()) plan.tensors.push_back({it->second, &t.name, &t.ref});
 
-    if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
-
-    // Values last: they are small, and restoring them only after every tensor verified keeps
-    // iteration counters and RNGs consistent with the weights. They are per rank: restored
-    // rank-for-rank when the layout is the one saved, otherwise as the caller chose.
+    // Values are per rank: restored rank-for-rank when the layout is the one saved, otherwise
+    // as the caller chose.
     const auto my_rank = same_layout ? static_cast<std::uint32_t>(comm.rank()) : 0u;
     for (const auto& val : v.values()) {
       auto it = stored_values.find(val.name);
@@ -834,12 +931,141 @@ class checkpointer {
       if (!pick)
         throw error(error_kind::mismatch, "value " + detail::printable(val.name) + " was not saved by rank " +
                                               std::to_string(my_rank) + " (" + md_name + ")");
+      plan.values.emplace_back(&val, pick);
+    }
+    return plan;
+  }
+
+  /// Checks a shard file's header, trailer and footer index the first time a load touches it.
+  auto file_verifier(const detail::metadata& md, load_result& result) const {
+    return [this, &md, &result, verified = std::set<std::uint32_t>{}](std::uint32_t f) mutable {
+      if (!verified.insert(f).second) return;
+      const auto& fm = md.files[f];
+      detail::verify_shard_file(storage_, md.tag + "/" + fm.path, fm.size, fm.index_xxh3);
+      result.bytes_read += detail::header_used + detail::trailer_bytes;
+    };
+  }
+
+  /// Reads the chunks that overlap the planned tensors, verifies them, and restores values.
+  template <class Verify>
+  void read_restore(const detail::metadata& md, const restore_plan& plan, const load_options& opts, Verify& verify_file,
+                    load_result& result) {
+    const std::string tag_dir = md.tag + "/";
+    load_tensors(plan.tensors, md, tag_dir, verify_file, result, device_);
+    if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
+    // Values last: they are small, and restoring them only after every tensor verified keeps
+    // iteration counters and RNGs consistent with the weights.
+    for (const auto& [val, pick] : plan.values) {
       verify_file(pick->file);
       const auto key = tag_dir + md.files[pick->file].path;
       const auto bytes = detail::read_value(storage_, key, *pick);
       result.bytes_read += bytes.size();
-      val.load(bytes, "value " + detail::printable(val.name) + " in " + storage_.describe(key));
+      val->load(bytes, "value " + detail::printable(val->name) + " in " + storage_.describe(key));
     }
+  }
+
+  /// gather_to_root's load over a Transport: rank 0 reads every rank's tensors and values and
+  /// sends them; the others receive them straight into their tensors (GPU memory, with NCCL)
+  /// and never touch storage. Rank 0 holds one tensor of another rank at a time.
+  void scatter_restore(const detail::metadata& md, const visitor& v, const load_options& opts, load_result& result) {
+    auto& comm = policy_.communicator();
+    restore_plan plan;
+    std::string request;
+    detail::collective(comm, [&] {
+      plan = plan_restore(md, v, opts, result);
+      if (opts.validation_logits && comm.rank() != 0)
+        throw error(error_kind::invalid_argument, "gather_to_root scatters the load from rank 0: check validation logits on rank 0");
+      if (comm.rank() == 0) return;
+      detail::scatter_request req;
+      for (const auto& t : plan.tensors) {
+        req.tensors.push_back({static_cast<std::uint32_t>(t.stored - md.tensors.data()), t.ref->shape(), t.ref->global_offset()});
+      }
+      for (const auto& pv : plan.values) req.values.push_back(static_cast<std::uint32_t>(pv.second - md.values.data()));
+      request = detail::encode_request(req);
+    });
+    const auto requests = comm.gather(detail::as_bytes(request), 0);
+    detail::collective(comm, [&] {
+      if (comm.rank() == 0)
+        serve_scatter(md, plan, opts, requests, result);
+      else
+        receive_scatter(md, plan);
+    });
+  }
+
+  /// Rank 0: its own load, then each other rank's tensors and values, in rank order. Whatever
+  /// fails, every rank still waiting is told so (one status word each), then the error is thrown.
+  void serve_scatter(const detail::metadata& md, const restore_plan& own, const load_options& opts,
+                     const std::vector<std::vector<std::byte>>& requests, load_result& result) {
+    auto& comm = policy_.communicator();
+    auto verify_file = file_verifier(md, result);
+    const std::string tag_dir = md.tag + "/";
+    std::exception_ptr failure;
+    try {
+      read_restore(md, own, opts, verify_file, result);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::vector<shape_t> shapes;
+    for (const auto& t : md.tensors) shapes.push_back(t.shape);
+    host_copy host;
+    std::vector<std::byte> buffer;
+    load_result ignored;  // the bytes rank 0 reads for others are not its own load's
+    for (int r = 1; r < comm.size(); ++r) {
+      if (failure) {
+        detail::send_status(comm, detail::scatter_failed, r);
+        continue;
+      }
+      try {
+        const auto req = detail::decode_request(requests[static_cast<std::size_t>(r)], r, md.tensors.size(), shapes, md.values.size());
+        for (const auto& t : req.tensors) {
+          const auto& stored = md.tensors[t.stored];
+          const std::string what = "tensor " + detail::printable(stored.name) + " for rank " + std::to_string(r);
+          buffer.resize(static_cast<std::size_t>(detail::checked_mul(detail::element_count(t.shape, what), size_of(stored.type), what)));
+          tensor_ref slice(stored.type, t.shape, buffer.data());
+          slice.sharded(shard_spec{.global_shape = stored.shape, .offset = t.offset});
+          load_tensors({{&stored, &stored.name, &slice}}, md, tag_dir, verify_file, ignored, host);
+          detail::send_status(comm, detail::scatter_ok, r);
+          comm.send_host(buffer, r);
+        }
+        for (auto index : req.values) {
+          const auto& pick = md.values[index];
+          verify_file(pick.file);
+          const auto bytes = detail::read_value(storage_, tag_dir + md.files[pick.file].path, pick);
+          detail::send_status(comm, detail::scatter_ok, r);
+          comm.send_host(bytes, r);
+        }
+        detail::send_status(comm, detail::scatter_end, r);
+      } catch (...) {
+        failure = std::current_exception();
+        detail::send_status(comm, detail::scatter_failed, r);
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  /// A rank other than 0: receives its tensors and values from rank 0, in the order it asked.
+  void receive_scatter(const detail::metadata& md, const restore_plan& plan) {
+    auto& comm = policy_.communicator();
+    auto expect = [&](const std::string& what) {
+      const auto status = detail::recv_status(comm);
+      if (status == detail::scatter_ok) return;
+      throw error(error_kind::io, std::string(status == detail::scatter_failed ? "rank 0 failed to read " : "rank 0 sent nothing for ") +
+                                      what + " (rank 0's error follows from rank 0)");
+    };
+    for (const auto& t : plan.tensors) {
+      expect("tensor " + detail::printable(*t.name));
+      comm.recv_tensor(*t.ref, 0, t.ref->nbytes(), 0);
+    }
+    std::vector<std::byte> bytes;
+    for (const auto& [val, pick] : plan.values) {
+      expect("value " + detail::printable(val->name));
+      bytes.resize(static_cast<std::size_t>(pick->size));
+      comm.recv_host(bytes, 0);
+      val->load(bytes, "value " + detail::printable(val->name) + " received from rank 0 (" +
+                           storage_.describe(md.tag + "/" + md.files[pick->file].path) + ")");
+    }
+    if (detail::recv_status(comm) != detail::scatter_end)
+      throw error(error_kind::io, "rank 0 failed after sending this rank's state (rank 0's error follows from rank 0)");
   }
 
   /// Reads `out.size()` bytes at `offset` and returns their XXH3, hashing each piece as soon as
@@ -868,12 +1094,6 @@ class checkpointer {
     }
   }
 
-  /// A live tensor to fill from the stored tensor of the same name.
-  struct tensor_load {
-    const detail::tensor_meta* stored;
-    const std::string* name;
-    const tensor_ref* ref;
-  };
 
   /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
   ///
@@ -906,11 +1126,18 @@ class checkpointer {
       }
     }
     struct slot {
-      std::vector<std::byte> buffer, decoded;
+      detail::staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
+      std::vector<std::byte> decoded;
       std::span<const std::byte> plain;
     };
     const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
-    std::vector<slot> ring(2 * std::size_t{workers});
+    std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(reads.size(), 1)));
+    if constexpr (detail::lends_buffers<Dev>) {
+      // Borrowed here, on the caller's thread; the workers only resize within them.
+      std::uint64_t largest = 0;
+      for (const auto& r : reads) largest = std::max(largest, wanted[r.tensor].stored->chunks.stored_size[r.chunk]);
+      for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
+    }
     const auto where = [&](const chunk_read& r) {
       const auto& s = *wanted[r.tensor].stored;
       return storage_.describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + detail::printable(*wanted[r.tensor].name);
@@ -949,13 +1176,13 @@ class checkpointer {
               }
             }
           }
-          sl.buffer.resize(c.stored_size[i]);
+          sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
           r.read = sl.buffer.size();
-          if (read_hashed(key, c.file_offset[i], sl.buffer) != c.xxh3[i]) throw mismatch();
-          sl.plain = sl.buffer;
+          if (read_hashed(key, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch();
+          sl.plain = sl.buffer.span();
           if (c.codec[i] != 0) {
             sl.decoded.resize(raw_size);
-            decode_chunk(c.codec[i], sl.buffer, s.type, sl.decoded, where(r));
+            decode_chunk(c.codec[i], sl.buffer.span(), s.type, sl.decoded, where(r));
             sl.plain = sl.decoded;
           } else if (c.stored_size[i] != raw_size) {
             throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
@@ -1047,7 +1274,7 @@ class checkpointer {
   // The save_async in flight: its thread (which uses this object) and its shared state.
   std::thread background_;
   std::shared_ptr<detail::async_save_state> pending_;
-  std::vector<std::vector<std::byte>> snapshot_;  // async saves' copies of the tensors, reused
+  std::vector<detail::staging_buffer<Device>> snapshot_;  // async saves' copies of the tensors, reused (pinned when lent)
   // Rank 0's last commit: its chunk tables are reused by the next one, as is the buffer the
   // chunk map is streamed through.
   detail::metadata last_commit_;

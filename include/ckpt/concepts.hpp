@@ -332,6 +332,33 @@ constexpr bool diagnose_communicator() {
 }
 }  // namespace detail
 
+/// A Communicator that can also move bytes between two ranks, point to point, straight from and
+/// into tensors wherever they live (host, or GPU memory for `ckpt::cuda::nccl`). With one,
+/// `gather_to_root` streams every shard to rank 0 chunk by chunk while rank 0 writes, instead
+/// of packing the whole state into one message, and scatters it back from rank 0 on load.
+///
+/// Every call blocks until its bytes have left (send) or landed (receive). A send of n bytes to
+/// a peer is matched by exactly one receive of n bytes from it, in the order both sides make
+/// them, whichever of the functions each side uses (a `send_tensor` may meet a `recv_host`).
+/// Transfers of 0 bytes are made by neither side.
+///
+/// @code
+/// struct my_transport : my_comm {
+///   void send_tensor(const ckpt::tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer);
+///   void recv_tensor(const ckpt::tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer);
+///   void send_host(std::span<const std::byte> bytes, int peer);
+///   void recv_host(std::span<std::byte> bytes, int peer);
+/// };
+/// @endcode
+template <class C>
+concept Transport = Communicator<C> && requires(C& c, const tensor_ref& t, std::uint64_t offset, std::uint64_t n,
+                                                std::span<const std::byte> in, std::span<std::byte> out, int peer) {
+  c.send_tensor(t, offset, n, peer);
+  c.recv_tensor(t, offset, n, peer);
+  c.send_host(in, peer);
+  c.recv_host(out, peer);
+};
+
 // ---------------------------------------------------------------------------------------------
 // ShardPolicy
 // ---------------------------------------------------------------------------------------------

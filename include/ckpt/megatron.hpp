@@ -94,10 +94,21 @@ struct megatron {
 
 /// All shards are sent to rank 0 over the communicator, which writes one consolidated file
 /// (`mp_rank_00/model_optim_rng.ckpt`) holding every rank's slices and values, loadable at any
-/// layout. For small models and for exporting: the whole state passes through rank 0's memory.
+/// layout.
+///
+/// How the bytes travel depends on the communicator. Over a plain Communicator (`ckpt::mpi`)
+/// each rank packs its whole state into one gather (at most 2 GiB in all): for small models and
+/// for exporting. Over a `Transport` (`ckpt::cuda::nccl`, `ckpt::in_process`) only names and
+/// shapes are gathered; the bytes then stream to rank 0 chunk by chunk, straight out of the
+/// ranks' tensors (GPU memory with NCCL), while rank 0 writes, so rank 0 holds no more than its
+/// save pipeline's buffers. At load, with `scatter_on_load`, rank 0 reads each rank's slices and
+/// sends them into its tensors; the other ranks never read storage.
 ///
 /// @code
 /// ckpt::checkpointer<ckpt::gather_to_root<ckpt::mpi>, ckpt::posix> cp{{}, "/ckpt/export"};
+/// // GPU tensors over NCCL (<ckpt/cuda/nccl.hpp>):
+/// ckpt::checkpointer<ckpt::gather_to_root<ckpt::cuda::nccl>, ckpt::posix, ckpt::raw, ckpt::cuda::device_copy> gpu{
+///     {.comm = ckpt::cuda::nccl_over_mpi(MPI_COMM_WORLD, device)}, "/ckpt/run1"};
 /// @endcode
 template <class Comm>
 struct gather_to_root {
@@ -106,6 +117,9 @@ struct gather_to_root {
   static constexpr bool gathers = true;
 
   Comm comm{};
+  /// Over a Transport: rank 0 reads at load and sends each rank its tensors and values. Set it
+  /// to false to have every rank read its slices from storage itself (storage all ranks see).
+  bool scatter_on_load = true;
 
   communicator_type& communicator() noexcept { return comm; }
   ckpt::topology topology() const { return {1, 1, 1, static_cast<std::uint32_t>(comm.size())}; }

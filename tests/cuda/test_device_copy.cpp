@@ -22,7 +22,8 @@ namespace {
 using policy = ckpt::cuda::basic_device_copy<fake::runtime>;
 using gpu_checkpointer = ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage, ckpt::raw, policy>;
 
-constexpr ckpt::cuda::device_copy_options small_ring{.slot_bytes = 4096, .slots = 3};
+// The ring alone (nothing lent to the pipelines), so every copy goes through it.
+constexpr ckpt::cuda::device_copy_options small_ring{.slot_bytes = 4096, .slots = 3, .lend_bytes = 0};
 
 /// "Device memory": bytes the fake treats as on cuda:N.
 struct device_tensor {
@@ -225,4 +226,99 @@ TEST_CASE("a failing runtime call is a ckpt::error naming the call, the error an
 TEST_CASE("device_copy's options are checked") {
   CHECK_THROWS_AS(policy(fake::runtime{}, nullptr, {.slot_bytes = 0, .slots = 3}), ckpt::error);
   CHECK_THROWS_AS(policy(fake::runtime{}, nullptr, {.slot_bytes = 4096, .slots = 1}), ckpt::error);
+}
+
+namespace {
+std::size_t count_calls(const fake::runtime& rt, const std::string& name, std::size_t from = 0) {
+  std::lock_guard lock(rt.st->mu);
+  return static_cast<std::size_t>(std::count(rt.st->calls.begin() + static_cast<std::ptrdiff_t>(from), rt.st->calls.end(), name));
+}
+std::size_t calls_so_far(const fake::runtime& rt) {
+  std::lock_guard lock(rt.st->mu);
+  return rt.st->calls.size();
+}
+}  // namespace
+
+TEST_CASE("pinned buffers lent to the pipelines: one copy per chunk, bounded, reused, in order with the user's stream") {
+  fake::runtime rt;
+  constexpr std::size_t lend = std::size_t{1} << 20;
+  {
+    ckpt::memory_storage mem;
+    // 64 KiB chunks, 4 of them in flight: 256 KiB of staging buffers, lent.
+    gpu_checkpointer cp{{}, mem, {.keep_last_n = 2, .chunk_bytes = 64 << 10, .buffer_bytes = 256 << 10}, {},
+                        policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = lend}}};
+    gpu_state s;
+    for (int i = 0; i < 4; ++i) s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{256 * 1024}, 0, 20 + static_cast<std::uint64_t>(i));
+    auto& first = s.tensors[0];
+    // A "kernel" enqueued just before the save writes the first tensor 30 ms later.
+    rt.launch(nullptr, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::fill(first.bytes.begin(), first.bytes.end(), std::byte{9});
+    });
+    auto mark = calls_so_far(rt);
+    cp.save(1, s);
+    // 4 MiB in 64 chunks: one copy each, where the ring would make 16 pieces of each chunk.
+    CHECK(count_calls(rt, "copy_async", mark) == 64);
+    const auto allocs = rt.st->pinned_allocs;
+    CHECK(allocs == 3 + 4);  // the ring, and one staging buffer per slot of the pipeline
+    mark = calls_so_far(rt);
+    cp.save(2, s);
+    CHECK(count_calls(rt, "copy_async", mark) == 64);
+    CHECK(rt.st->pinned_allocs == allocs);  // the second save reused every buffer
+    CHECK(rt.st->pinned_peak <= lend + 3 * 4096);
+
+    const auto saved = s;
+    scramble(s);
+    cp.load(s, {.tag = "global_step1"});  // the first save waited for the kernel before copying
+    CHECK(std::all_of(first.bytes.begin(), first.bytes.end(), [](std::byte b) { return b == std::byte{9}; }));
+    scramble(s);
+    mark = calls_so_far(rt);
+    cp.load(s);
+    CHECK(same(s, saved));
+    CHECK(count_calls(rt, "copy_async", mark) == 64);  // host to device: one copy per chunk read
+    CHECK(rt.st->calls.back() == "wait legacy");       // the user's stream waits for the loaded bytes
+  }
+  CHECK(rt.st->pinned_now == 0);
+}
+
+TEST_CASE("save_async into lent pinned memory: one copy per tensor, then the tensors may change") {
+  fake::runtime rt;
+  {
+    ckpt::memory_storage mem;
+    gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 64 << 20}}};
+    auto s = every_dtype_and_size(8);
+    const auto before = s;
+    std::size_t device_tensors = 0;
+    for (const auto& t : s.tensors) device_tensors += t.bytes.empty() ? 0 : 1;
+    const auto mark = calls_so_far(rt);
+    auto h = cp.save_async(1, s);
+    CHECK(count_calls(rt, "copy_async", mark) == device_tensors);  // straight into the snapshot
+    for (auto& t : s.tensors) rt.launch(nullptr, [&t] { std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0x66}); });
+    rt.finish(nullptr);
+    h.wait();
+    auto back = every_dtype_and_size(8);
+    scramble(back);
+    cp.load(back);
+    CHECK(same(back, before));
+  }
+  CHECK(rt.st->pinned_now == 0);
+}
+
+TEST_CASE("lending stops at lend_bytes: past it, buffers are ordinary memory and copies go through the ring") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  // Room for two 64 KiB staging buffers of the four the pipeline wants.
+  gpu_checkpointer cp{{}, mem, {.chunk_bytes = 64 << 10, .buffer_bytes = 256 << 10}, {},
+                      policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 128 << 10}}};
+  gpu_state s;
+  s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{256 * 1024}, 0, 31);
+  const auto saved = s;
+  const auto mark = calls_so_far(rt);
+  cp.save(1, s);
+  // 16 chunks: the 8 staged into lent buffers take one copy, the 8 others 16 ring pieces each.
+  CHECK(count_calls(rt, "copy_async", mark) == 8 + 8 * 16);
+  CHECK(rt.st->pinned_peak <= (128 << 10) + 3 * 4096);
+  scramble(s);
+  cp.load(s);
+  CHECK(same(s, saved));
 }

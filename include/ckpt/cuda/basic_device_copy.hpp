@@ -13,11 +13,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "../error.hpp"
+#include "../lent_buffer.hpp"
 #include "../tensor.hpp"
 
 namespace ckpt::cuda {
@@ -26,9 +28,18 @@ namespace ckpt::cuda {
 /// asynchronous (and about twice as fast as from pageable memory); it is a scarce resource, so
 /// it is bounded: `slots` buffers of `slot_bytes` per GPU, allocated once and reused by every
 /// save and load.
+///
+/// Beyond the ring, device_copy lends pinned buffers to ckpt's pipelines (`lend`): the save
+/// pipeline's staging buffers, the load pipeline's read buffers and save_async's snapshot. A
+/// chunk staged into one crosses PCIe in one copy, straight into the buffer that is hashed and
+/// written, with no bounce through the ring. `lend_bytes` bounds the pinned memory lent in all;
+/// what is given back is kept for the next save. Past the bound, buffers are ordinary memory and
+/// copies go through the ring. For save_async to return after little more than the time of the
+/// device-to-host copy, lend at least the state's size plus the pipeline's buffers.
 struct device_copy_options {
   std::size_t slot_bytes = std::size_t{8} << 20;
   unsigned slots = 3;  ///< pieces in flight: one being copied over PCIe while others are drained
+  std::size_t lend_bytes = std::size_t{256} << 20;  ///< pinned memory lent to the pipelines, at most (0: none)
 };
 
 /// Tensors in GPU memory (`ckpt::device::cuda(n)`), and host tensors too.
@@ -56,7 +67,8 @@ class basic_device_copy {
   /// Orders copies after the legacy default stream, with the default ring.
   basic_device_copy() : basic_device_copy(Runtime{}) {}
   explicit basic_device_copy(Runtime rt, stream_type user_stream = {}, device_copy_options options = {})
-      : rt_(std::make_shared<Runtime>(std::move(rt))), user_(user_stream), options_(options) {
+      : rt_(std::make_shared<Runtime>(std::move(rt))), user_(user_stream), options_(options),
+        lent_(std::make_shared<lending>(rt_, options.lend_bytes)) {
     if (options_.slot_bytes == 0 || options_.slots < 2)
       throw error(error_kind::invalid_argument, "cuda::device_copy: needs slot_bytes > 0 and at least 2 slots");
   }
@@ -74,6 +86,11 @@ class basic_device_copy {
     auto& ctx = context(t.where().id, t);
     order_after_user(ctx, t);
     const auto n = dst.size();
+    if (lent_->holds(dst.data(), n)) {  // pinned already: one copy, no bounce
+      call(t, offset, n, "cudaMemcpyAsync (device to host)", [&] { rt_->copy_async(dst.data(), t.data() + offset, n, ctx.stream); });
+      call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
+      return;
+    }
     const auto pieces = (n + options_.slot_bytes - 1) / options_.slot_bytes;
     // Piece k is bytes [k * slot_bytes, + piece_len(k)) of dst. (Plain values, not structured
     // bindings: clang 14 cannot capture those in the lambdas below.)
@@ -108,8 +125,11 @@ class basic_device_copy {
     auto& ctx = context(t.where().id, t);
     order_after_user(ctx, t);
     const auto n = src.size();
+    const bool direct = lent_->holds(src.data(), n);  // pinned already: one copy, no bounce
+    if (direct)
+      call(t, offset, n, "cudaMemcpyAsync (host to device)", [&] { rt_->copy_async(t.data() + offset, src.data(), n, ctx.stream); });
     std::size_t k = 0;
-    for (std::size_t at = 0; at < n; at += options_.slot_bytes, ++k) {
+    for (std::size_t at = 0; !direct && at < n; at += options_.slot_bytes, ++k) {
       const auto len = std::min(options_.slot_bytes, n - at);
       auto& s = ctx.slots[k % ctx.slots.size()];
       // The slot's previous copy must have left it before it is refilled.
@@ -126,9 +146,21 @@ class basic_device_copy {
     call(t, offset, n, "cudaStreamWaitEvent", [&] { rt_->wait(user_, ctx.after); });
   }
 
-  /// Pinned bytes held now (for tests and for the documentation's bound).
+  /// Lends a pinned buffer of at least `n` bytes to ckpt's pipelines, or an empty one when that
+  /// would take the lent memory past `lend_bytes`. Buffers given back are reused; idle ones are
+  /// freed to make room for a bigger one. Pinned memory is allocated in the calling thread's
+  /// current CUDA context, which ckpt's pipelines keep to the thread that called save or load.
+  lent_buffer lend(std::size_t n) {
+    try {
+      return lent_->lend(n, lent_);
+    } catch (const typename Runtime::failure& e) {
+      throw error(error_kind::io, "cuda::device_copy: cudaHostAlloc (" + std::to_string(n) + " bytes) failed: " + e.what());
+    }
+  }
+
+  /// Pinned bytes held now, the ring's and the lent buffers' (for tests and the documentation's bound).
   std::size_t pinned_bytes() const noexcept {
-    std::size_t n = 0;
+    std::size_t n = lent_->allocated();
     for (const auto& [_, c] : contexts_) n += c->slots.size() * options_.slot_bytes;
     return n;
   }
@@ -220,9 +252,79 @@ class basic_device_copy {
                                                     ") outside a tensor of " + std::to_string(t.nbytes()) + " bytes");
   }
 
+  /// The pinned buffers lent to the pipelines: shared with every buffer out on loan, so one given
+  /// back after the policy is gone is still freed.
+  class lending {
+   public:
+    lending(std::shared_ptr<Runtime> rt, std::size_t limit) : rt_(std::move(rt)), limit_(limit) {}
+    lending(const lending&) = delete;
+    lending& operator=(const lending&) = delete;
+    ~lending() {
+      for (const auto& [_, b] : all_) rt_->host_free(b.first);
+    }
+
+    /// `self` is this object's owner: each buffer lent keeps it alive until given back.
+    lent_buffer lend(std::size_t n, const std::shared_ptr<lending>& self) {
+      constexpr std::size_t grain = std::size_t{64} << 10;  // sizes vary a little from save to save
+      n = (n + grain - 1) / grain * grain;
+      std::lock_guard lock(mu_);
+      std::byte* p = nullptr;
+      if (auto it = idle_.lower_bound(n); it != idle_.end()) {
+        n = it->first;
+        p = it->second;
+        idle_.erase(it);
+      } else {
+        // Free idle buffers (smallest first) until the new one fits the bound, if it can.
+        std::size_t idle_bytes = 0;
+        for (const auto& [size, _] : idle_) idle_bytes += size;
+        if (n > limit_ || total_ - idle_bytes + n > limit_) return {};
+        while (total_ + n > limit_) free_locked(idle_.begin());
+        p = static_cast<std::byte*>(rt_->host_alloc(n));
+        all_.emplace(reinterpret_cast<std::uintptr_t>(p), std::pair{p, n});
+        total_ += n;
+      }
+      return lent_buffer(p, n, [owner = self](std::byte* q, std::size_t size) { owner->give_back(q, size); });
+    }
+
+    /// Whether [p, p + n) lies inside one lent buffer.
+    bool holds(const std::byte* p, std::size_t n) const {
+      const auto at = reinterpret_cast<std::uintptr_t>(p);
+      std::lock_guard lock(mu_);
+      auto it = all_.upper_bound(at);
+      if (it == all_.begin()) return false;
+      --it;
+      return n <= it->second.second && at - it->first <= it->second.second - n;
+    }
+
+    std::size_t allocated() const {
+      std::lock_guard lock(mu_);
+      return total_;
+    }
+
+   private:
+    void give_back(std::byte* p, std::size_t n) {
+      std::lock_guard lock(mu_);
+      idle_.emplace(n, p);
+    }
+    void free_locked(typename std::multimap<std::size_t, std::byte*>::iterator it) {
+      rt_->host_free(it->second);
+      all_.erase(reinterpret_cast<std::uintptr_t>(it->second));
+      total_ -= it->first;
+      idle_.erase(it);
+    }
+
+    std::shared_ptr<Runtime> rt_;
+    std::size_t limit_;
+    mutable std::mutex mu_;
+    std::map<std::uintptr_t, std::pair<std::byte*, std::size_t>> all_;  // every pinned buffer, lent or idle, by address
+    std::multimap<std::size_t, std::byte*> idle_;  // given back, by size
+    std::size_t total_ = 0;
+  };
+
   std::shared_ptr<Runtime> rt_;
   stream_type user_;
   device_copy_options options_;
+  std::shared_ptr<lending> lent_;
   std::map<int, std::unique_ptr<gpu_context>> contexts_;
 };
 

@@ -11,11 +11,13 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../names.hpp"
 #include "../visitor.hpp"
 #include "format.hpp"
 #include "hash.hpp"
 #include "pipeline.hpp"
 #include "region.hpp"
+#include "staging_buffer.hpp"
 
 namespace ckpt::detail {
 
@@ -108,11 +110,14 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   const std::size_t slots = per_slot == 0 ? 2 * std::size_t{workers} + 2
                                           : static_cast<std::size_t>(std::clamp<std::uint64_t>(settings.buffer_bytes / per_slot, 1, 64));
   struct slot {
-    std::vector<std::byte> staging, encoded;
+    staging_buffer<D> staging;  // pinned memory when the DevicePolicy lends it
+    std::vector<std::byte> encoded;
     std::span<const std::byte> plain, stored;
     std::uint64_t hash = 0;
   };
   std::vector<slot> ring(std::min(slots, std::max<std::size_t>(jobs.size(), 1)));
+  if constexpr (!in_place)
+    for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(largest), device);  // borrowed once, here
 
   auto w = storage.create(tag + "/" + path);
   {
@@ -131,9 +136,9 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         if constexpr (in_place) {
           ring[s].plain = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
         } else {
-          ring[s].staging.resize(j.slice.bytes);
-          device.to_host(ref, j.slice.byte_offset, ring[s].staging);
-          ring[s].plain = ring[s].staging;
+          ring[s].staging.resize_without_borrowing(static_cast<std::size_t>(j.slice.bytes));
+          device.to_host(ref, j.slice.byte_offset, ring[s].staging.span());
+          ring[s].plain = ring[s].staging.span();
         }
       },
       [&](std::size_t i, std::size_t s) {  // encode and hash, on a worker
@@ -223,16 +228,19 @@ void verify_shard_file(const S& storage, const std::string& key, std::uint64_t e
 
 namespace ckpt::detail {
 
-/// What a rank sends to the root under a gathering policy: its tensors' bytes with their
-/// geometry, and its values. The root unpacks it into buffers it owns.
+/// What a rank sends to the root under a gathering policy: its tensors' geometry with their
+/// bytes (or without, when they follow point to point over a Transport), and its values. The
+/// root unpacks it into buffers it owns.
 struct gathered {
-  std::vector<std::vector<std::byte>> buffers;  // owns the tensor bytes
-  std::vector<stored_tensor> tensors;
+  std::vector<std::vector<std::byte>> buffers;  // owns the tensor bytes (none when streamed)
+  std::vector<stored_tensor> tensors;           // streamed: data pointers are null until received
+  std::vector<int> from;                        // the rank each tensor came from
   std::vector<stored_value> values;
 };
 
 template <class D>
-std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values, D& device) {
+std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values, D& device,
+                          bool with_bytes = true) {
   std::ostringstream os(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive ar(os);
@@ -244,9 +252,10 @@ std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::
       write_shape(ar, t.ref.shape());
       write_shape(ar, t.ref.global_shape());
       write_shape(ar, t.ref.global_offset());
+      ar(static_cast<std::uint64_t>(t.ref.nbytes()));
+      if (!with_bytes) continue;
       staging.resize(t.ref.nbytes());
       device.to_host(t.ref, 0, staging);
-      ar(static_cast<std::uint64_t>(staging.size()));
       ar(cereal::binary_data(staging.data(), staging.size()));
     }
     ar(static_cast<std::uint64_t>(values.size()));
@@ -259,7 +268,9 @@ std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::
   return std::move(os).str();
 }
 
-inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into) {
+/// Unpacks what rank `from` sent. Without bytes (`with_bytes` false), the tensors' data pointers
+/// stay null: their bytes follow point to point, and the sizes are checked against the shapes.
+inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into, bool with_bytes = true) {
   const std::string where = "the tensors sent by rank " + std::to_string(from);
   bounded_reader r(bytes, where, error_kind::communication);
   const auto n = r.count(16, "tensor");
@@ -270,13 +281,23 @@ inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered&
     auto shape = r.shape();
     auto global = r.shape();
     auto offset = r.shape();
-    const auto size = r.count(1, "tensor byte");
-    auto& b = into.buffers.emplace_back(size);
-    r.copy(b.data(), size);
-    tensor_ref ref(*dt, std::move(shape), b.data());
+    std::uint64_t size;
+    std::byte* data = nullptr;
+    if (with_bytes) {
+      size = r.count(1, "tensor byte");
+      auto& b = into.buffers.emplace_back(size);
+      r.copy(b.data(), size);
+      data = b.data();
+    } else {
+      size = r.u64();
+      const auto what = where + ", tensor " + printable(name);
+      if (checked_mul(element_count(shape, what), size_of(*dt), what) != size) r.fail("tensor size does not match its shape");
+    }
+    tensor_ref ref(*dt, std::move(shape), data);
     if (ref.nbytes() != size) r.fail("tensor size does not match its shape");
     ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
     into.tensors.push_back({std::move(name), std::move(ref)});
+    into.from.push_back(from);
   }
   const auto m = r.count(12, "value");
   for (std::uint64_t i = 0; i < m; ++i) {

@@ -1,0 +1,74 @@
+#pragma once
+// The host buffers of the save and load pipelines (and of async snapshots): lent by the
+// DevicePolicy when it lends (pinned memory, so device copies need no bounce buffer), else
+// ordinary vectors.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "../lent_buffer.hpp"
+
+namespace ckpt::detail {
+
+/// A DevicePolicy that lends the pipelines host buffers: `lend(n)` returns a lent_buffer of at
+/// least n bytes, or an empty one to refuse (over its budget).
+template <class D>
+concept lends_buffers = requires(D& d, std::size_t n) {
+  { d.lend(n) } -> std::same_as<lent_buffer>;
+};
+
+/// A resizable host buffer that borrows from `D` when it can. Contents are not kept across a
+/// resize. Only `resize` borrows, so callers size buffers on the thread that calls the policy.
+template <class D>
+class staging_buffer {
+ public:
+  void resize(std::size_t n, D& device) {
+    if constexpr (lends_buffers<D>) {
+      if (lent_.capacity() >= n && lent_.capacity() != 0) {
+        size_ = n;
+        lent_used_ = true;
+        return;
+      }
+      lent_ = lent_buffer{};  // give the smaller one back before asking for a bigger one
+      if (n != 0) lent_ = device.lend(n);
+      if (lent_.capacity() >= n && lent_.capacity() != 0) {
+        size_ = n;
+        lent_used_ = true;
+        vec_ = {};
+        return;
+      }
+    }
+    (void)device;
+    lent_used_ = false;
+    vec_.resize(n);
+    size_ = n;
+  }
+  /// Resizes without borrowing (safe on any thread): within the lent memory when it fits,
+  /// else in a vector.
+  void resize_without_borrowing(std::size_t n) {
+    if (lent_used_ && n <= lent_.capacity()) {
+      size_ = n;
+      return;
+    }
+    lent_used_ = false;
+    vec_.resize(n);
+    size_ = n;
+  }
+  std::byte* data() noexcept { return lent_used_ ? lent_.data() : vec_.data(); }
+  const std::byte* data() const noexcept { return lent_used_ ? lent_.data() : vec_.data(); }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  std::span<std::byte> span() noexcept { return {data(), size_}; }
+  std::span<const std::byte> span() const noexcept { return {data(), size_}; }
+  /// Whether the bytes are in memory the policy lent.
+  bool lent() const noexcept { return lent_used_; }
+
+ private:
+  lent_buffer lent_;
+  std::vector<std::byte> vec_;
+  std::size_t size_ = 0;
+  bool lent_used_ = false;
+};
+
+}  // namespace ckpt::detail
