@@ -9,14 +9,19 @@
 //   an event waits for its most recent record, and an event never recorded is complete;
 // - "kernels" (launch) run on a stream like copies, so work enqueued before a save is
 //   observed only if ckpt orders its stream after the user's;
-// - any call can be made to fail on its n-th use with a CUDA error string.
+// - any call can be made to fail on its n-th use with a CUDA error string;
+// - query(stream) says whether the stream has run everything enqueued on it, as
+//   cudaStreamQuery does, so a watchdog that polls instead of blocking can be tested.
 //
-// "Device memory" is host memory the fake hands out; copies are memcpy.
+// "Device memory" is host memory the fake hands out (device_alloc, tracked like the pinned
+// buffers so tests can check nothing leaks); copies are memcpy.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -64,6 +69,11 @@ class stream_impl {
     cv_.notify_all();
   }
   const std::string& name() const { return name_; }
+  /// Whether every operation enqueued so far has run (cudaStreamQuery).
+  bool idle() {
+    std::lock_guard lock(mu_);
+    return ops_.empty() && !running_;
+  }
 
  private:
   void run() {
@@ -75,8 +85,11 @@ class stream_impl {
         if (ops_.empty()) return;
         op = std::move(ops_.front());
         ops_.pop_front();
+        running_ = true;
       }
       op();
+      std::lock_guard lock(mu_);
+      running_ = false;
     }
   }
   std::string name_;
@@ -84,6 +97,7 @@ class stream_impl {
   std::condition_variable cv_;
   std::deque<std::function<void()>> ops_;
   bool stop_ = false;
+  bool running_ = false;
   std::thread worker_;
 };
 
@@ -96,6 +110,10 @@ struct state {
   std::vector<std::string> calls;  // in order, for ordering checks
   std::size_t pinned_now = 0, pinned_peak = 0, pinned_allocs = 0, streams_alive = 0, events_alive = 0;
   std::map<void*, std::size_t> pinned_sizes;
+  // "Device memory" from device_alloc, tracked the same way.
+  std::size_t device_now = 0, device_allocs = 0;
+  std::map<void*, std::size_t> device_sizes;
+  std::atomic<std::uint64_t> queries{0};
   // Events outlive destroy() while operations still refer to them, as CUDA's do.
   std::map<event_impl*, std::shared_ptr<event_impl>> events;
   int device = -1;
@@ -139,6 +157,27 @@ struct runtime {
     st->pinned_now -= st->pinned_sizes[p];
     st->pinned_sizes.erase(p);
     std::free(p);
+  }
+  void* device_alloc(std::size_t n) {
+    enter("device_alloc");
+    std::lock_guard lock(st->mu);
+    st->device_now += n;
+    ++st->device_allocs;
+    void* p = std::malloc(n ? n : 1);
+    st->device_sizes[p] = n;
+    return p;
+  }
+  void device_free(void* p) noexcept {
+    if (!p) return;
+    std::lock_guard lock(st->mu);
+    st->device_now -= st->device_sizes[p];
+    st->device_sizes.erase(p);
+    std::free(p);
+  }
+  /// Polled by watchdogs, so not recorded in `calls` (it would drown the ordering checks).
+  bool query(stream s) {
+    ++st->queries;
+    return resolve(s)->idle();
   }
   stream make_stream() {
     enter("make_stream");

@@ -31,12 +31,22 @@ struct runtime {
   }
 
   void set_device(int d) { check(cudaSetDevice(d)); }
+  /// Portable: the buffers device_copy lends its pipelines serve tensors on every GPU, and
+  /// pinned memory is only pinned for other devices' contexts when it says so.
   void* host_alloc(std::size_t n) {
     void* p = nullptr;
-    check(cudaHostAlloc(&p, n, cudaHostAllocDefault));
+    check(cudaHostAlloc(&p, n, cudaHostAllocPortable));
     return p;
   }
   void host_free(void* p) noexcept { cudaFreeHost(p); }
+  void* device_alloc(std::size_t n) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, n));
+    return p;
+  }
+  void device_free(void* p) noexcept {
+    if (p) cudaFree(p);
+  }
   /// Non-blocking: ckpt's copies never wait on the legacy default stream by accident; the
   /// ordering with the user's stream is made explicit with events instead.
   stream make_stream() {
@@ -60,6 +70,15 @@ struct runtime {
   void wait(stream s, event e) { check(cudaStreamWaitEvent(s, e, 0)); }
   void sync(event e) { check(cudaEventSynchronize(e)); }
   void sync(stream s) { check(cudaStreamSynchronize(s)); }
+  /// Whether everything enqueued on `s` has run. A watchdog polls this instead of blocking in
+  /// cudaStreamSynchronize, which never returns if a peer never answers. cudaErrorNotReady is
+  /// an answer, not an error (and it is not sticky: nothing to clear).
+  bool query(stream s) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaErrorNotReady) return false;
+    check(e);
+    return true;
+  }
 };
 
 }  // namespace ckpt::cuda
