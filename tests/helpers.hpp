@@ -17,6 +17,10 @@
 
 namespace test {
 
+/// Whether an error message (or any text) mentions `what`.
+inline bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+
 /// A fresh directory under /tmp, removed with its contents at scope exit.
 class temp_dir {
  public:

@@ -19,7 +19,7 @@ namespace {
 
 using test::on_ranks;
 
-bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using test::mentions;
 
 /// The same world without the point-to-point calls: gather_to_root then packs each rank's state
 /// into one gather, as it does over MPI.

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+using test::mentions;
 
 /// A 2-d weight split by rows over `tp` ranks, a replicated bias and a per-rank value.
 struct tp_rank {
