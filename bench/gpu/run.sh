@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU proof (issue 8): builds bench/gpu/gpu_proof and runs it on GPU 0, within 8 minutes on
+# The GPU proof (issue 8): builds bench/gpu/gpu_proof and runs it (NCCL on every GPU present,
+# the rest on GPU 0), within 8 minutes on
 # one H200: round trips of device tensors of every dtype from 1 byte to 4 GiB (to disk and
 # back, and into host memory), ordering with the user's stream, save_async with the tensor
-# overwritten at once, then throughput against cudaMemcpy and a raw write. Prints one table.
+# overwritten at once, NCCL at one rank per GPU (collectives, gather_to_root save, scattered
+# load, save_async), then throughput against cudaMemcpy and a raw write. Prints one table.
 #   bash bench/gpu/run.sh [DIR]   (DIR: local disk for the checkpoints, default /tmp/ckpt-gpu)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
