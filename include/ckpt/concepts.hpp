@@ -246,7 +246,12 @@ constexpr bool diagnose_codec() {
 // ---------------------------------------------------------------------------------------------
 
 /// How tensor bytes travel between where they live and host memory. `host_copy` handles host
-/// tensors; a CUDA policy for GPU tensors is planned in `ckpt/cuda/`.
+/// tensors; `ckpt::cuda::device_copy` (`<ckpt/cuda/device_copy.hpp>`) GPU tensors.
+///
+/// Two optional members speed things up: `std::byte* host_view(const tensor_ref&) const` (the
+/// bytes are addressable in place: raw chunks are written and loaded without a copy), and
+/// `ckpt::lent_buffer lend(std::size_t n)` (the pipelines borrow their host buffers from the
+/// policy, e.g. pinned memory, and copies to and from them can skip a bounce buffer).
 ///
 /// @code
 /// struct my_device {
