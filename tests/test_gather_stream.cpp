@@ -44,6 +44,9 @@ struct rank_state {
   std::vector<float> w, c, b = std::vector<float>(9), e;
   std::vector<std::uint16_t> m;
   std::uint64_t seen;
+  bool narrow_seen = false;  // declare `seen` as 4 bytes: a type the stored value does not load into
+  std::uint32_t seen32 = 0;
+  std::vector<float> on_gpu;  // when not empty: a tensor marked as GPU memory, which in_process cannot move
 
   rank_state(std::uint32_t r, std::uint32_t n, float salt) : rank(r), tp(n), seen(1000 + r + static_cast<std::uint64_t>(salt)) {
     for (std::uint64_t i = lo(rows); i < hi(rows); ++i)
@@ -66,7 +69,13 @@ struct rank_state {
       g.tensor("m", ckpt::tensor_ref(ckpt::dtype::bf16, {hi(rows) - lo(rows)}, reinterpret_cast<std::byte*>(m.data()))
                         .sharded({.global_shape = {rows}, .offset = {lo(rows)}}));
     });
-    v.value("seen", seen);
+    if (narrow_seen)
+      v.value("seen", seen32);
+    else
+      v.value("seen", seen);
+    if (!on_gpu.empty())
+      v.tensor("g", ckpt::tensor_ref(ckpt::dtype::f32, {on_gpu.size()}, on_gpu.data(), ckpt::device::cuda(0))
+                        .sharded({.global_shape = {on_gpu.size() * tp}, .offset = {on_gpu.size() * rank}}));
   }
   bool operator==(const rank_state& o) const { return w == o.w && c == o.c && b == o.b && e == o.e && m == o.m && seen == o.seen; }
 };
@@ -242,6 +251,61 @@ TEST_CASE("gather_to_root over a Transport: a damaged chunk of one rank's slice 
       return;
     }
     throw std::runtime_error("the damaged chunk went unnoticed");
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+namespace {
+/// Accepts tensors marked as GPU memory (here plain host memory): what a GPU DevicePolicy
+/// would let through to a Transport that cannot move them.
+struct lenient_device : ckpt::host_copy {
+  bool accepts(ckpt::device) const noexcept { return true; }
+};
+}  // namespace
+
+TEST_CASE("gather_to_root over a Transport: a shard a rank cannot send fails every rank's save, and the same world saves again") {
+  test::temp_dir dir;
+  auto errors = on_ranks(3, [&](ckpt::in_process comm, std::uint32_t r) {
+    ckpt::checkpointer<ckpt::gather_to_root<ckpt::in_process>, ckpt::posix, ckpt::raw, lenient_device> cp{{.comm = comm}, dir.path(),
+                                                                                                            small_chunks};
+    rank_state s(r, 3, 1.0f);
+    if (r == 1) s.on_gpu.assign(5000, 1.0f);  // 5 chunks that in_process refuses to send
+    std::string failed;
+    try {
+      cp.save(1, s);
+    } catch (const ckpt::error& e) {
+      failed = e.what();
+    }
+    if (!mentions(failed, "rank 1: in_process: can only send host memory")) throw std::runtime_error("save 1: " + failed);
+    rank_state ok(r, 3, 2.0f);
+    cp.save(2, ok);  // nothing of the failed save is left in flight
+    rank_state got(r, 3, 0.0f);
+    cp.load(got);
+    if (!(got == ok)) throw std::runtime_error("wrong state after the failed save");
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK_FALSE(fs::exists(dir.path() / "global_step1" / "metadata.json"));
+}
+
+TEST_CASE("gather_to_root over a Transport: a value one rank cannot load fails every rank's scattered load, and the same world loads again") {
+  test::temp_dir dir;
+  auto errors = on_ranks(3, [&](ckpt::in_process comm, std::uint32_t r) {
+    gather_cp<ckpt::in_process> cp{{.comm = comm}, dir.path(), small_chunks};
+    const rank_state saved(r, 3, 3.0f);
+    cp.save(3, saved);
+    rank_state got(r, 3, 0.0f);
+    got.narrow_seen = r == 2;  // rank 2's `seen` changed type since the save
+    std::string failed;
+    try {
+      cp.load(got);
+    } catch (const ckpt::error& e) {
+      failed = e.what();
+    }
+    if (!mentions(failed, "rank 2: ") || !mentions(failed, "value 'seen' received from rank 0"))
+      throw std::runtime_error("load 1: " + failed);
+    rank_state again(r, 3, 0.0f);
+    cp.load(again);  // every transfer of the failed load was received: the world is in step
+    if (!(again == saved)) throw std::runtime_error("wrong state after the failed load");
   });
   for (const auto& e : errors) CHECK(e == "");
 }

@@ -973,9 +973,7 @@ class checkpointer {
     std::string request;
     detail::collective(comm, [&] {
       plan = plan_restore(md, v, opts, result);
-      if (opts.validation_logits && comm.rank() != 0)
-        throw error(error_kind::invalid_argument, "gather_to_root scatters the load from rank 0: check validation logits on rank 0");
-      if (comm.rank() == 0) return;
+      if (comm.rank() == 0) return;  // rank 0 also checks the validation logits; the others read nothing
       detail::scatter_request req;
       for (const auto& t : plan.tensors) {
         req.tensors.push_back({static_cast<std::uint32_t>(t.stored - md.tensors.data()), t.ref->shape(), t.ref->global_offset()});
@@ -1010,9 +1008,16 @@ class checkpointer {
     host_copy host;
     std::vector<std::byte> buffer;
     load_result ignored;  // the bytes rank 0 reads for others are not its own load's
+    auto tell_failed = [&](int r) {
+      try {
+        detail::send_status(comm, detail::scatter_failed, r);
+      } catch (...) {
+        // a broken communicator: the error already on its way out is the one to report
+      }
+    };
     for (int r = 1; r < comm.size(); ++r) {
       if (failure) {
-        detail::send_status(comm, detail::scatter_failed, r);
+        tell_failed(r);
         continue;
       }
       try {
@@ -1037,13 +1042,17 @@ class checkpointer {
         detail::send_status(comm, detail::scatter_end, r);
       } catch (...) {
         failure = std::current_exception();
-        detail::send_status(comm, detail::scatter_failed, r);
+        tell_failed(r);
       }
     }
     if (failure) std::rethrow_exception(failure);
   }
 
   /// A rank other than 0: receives its tensors and values from rank 0, in the order it asked.
+  /// Rank 0 sends every item whatever happens here, so a local failure (a value whose type
+  /// changed, a tensor the Transport cannot receive into) does not stop the receiving: the
+  /// rest is received (into a sink if need be) up to rank 0's last word, then the first error
+  /// is thrown.
   void receive_scatter(const detail::metadata& md, const restore_plan& plan) {
     auto& comm = policy_.communicator();
     auto expect = [&](const std::string& what) {
@@ -1052,20 +1061,44 @@ class checkpointer {
       throw error(error_kind::io, std::string(status == detail::scatter_failed ? "rank 0 failed to read " : "rank 0 sent nothing for ") +
                                       what + " (rank 0's error follows from rank 0)");
     };
+    std::exception_ptr failure;
+    std::vector<std::byte> bytes;
+    auto sink = [&](std::uint64_t n) {  // what could not land where it belongs
+      try {
+        bytes.resize(static_cast<std::size_t>(n));
+        comm.recv_host(bytes, 0);
+      } catch (...) {
+        std::rethrow_exception(failure);  // the communicator itself is broken
+      }
+    };
     for (const auto& t : plan.tensors) {
       expect("tensor " + detail::printable(*t.name));
-      comm.recv_tensor(*t.ref, 0, t.ref->nbytes(), 0);
+      if (failure) {
+        sink(t.ref->nbytes());
+        continue;
+      }
+      try {
+        comm.recv_tensor(*t.ref, 0, t.ref->nbytes(), 0);
+      } catch (...) {
+        failure = std::current_exception();
+        sink(t.ref->nbytes());
+      }
     }
-    std::vector<std::byte> bytes;
     for (const auto& [val, pick] : plan.values) {
       expect("value " + detail::printable(val->name));
       bytes.resize(static_cast<std::size_t>(pick->size));
       comm.recv_host(bytes, 0);
-      val->load(bytes, "value " + detail::printable(val->name) + " received from rank 0 (" +
-                           storage_.describe(md.tag + "/" + md.files[pick->file].path) + ")");
+      if (failure) continue;
+      try {
+        val->load(bytes, "value " + detail::printable(val->name) + " received from rank 0 (" +
+                             storage_.describe(md.tag + "/" + md.files[pick->file].path) + ")");
+      } catch (...) {
+        failure = std::current_exception();
+      }
     }
     if (detail::recv_status(comm) != detail::scatter_end)
       throw error(error_kind::io, "rank 0 failed after sending this rank's state (rank 0's error follows from rank 0)");
+    if (failure) std::rethrow_exception(failure);
   }
 
   /// Reads `out.size()` bytes at `offset` and returns their XXH3, hashing each piece as soon as

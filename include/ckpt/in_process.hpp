@@ -152,7 +152,7 @@ struct in_process {
                                                     std::to_string(peer) + " in a world of " + std::to_string(size()));
   }
   static void check(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, const char* what) {
-    if (t.where().type != device::kind::host)
+    if (t.where().type != device::kind::host && bytes != 0)  // 0 bytes: neither side transfers
       throw error(error_kind::invalid_argument, std::string("in_process: can only ") + what + " host memory");
     if (offset > t.nbytes() || bytes > t.nbytes() - offset)
       throw error(error_kind::invalid_argument, std::string("in_process: ") + what + " of bytes [" + std::to_string(offset) +

@@ -100,9 +100,10 @@ struct megatron {
 /// each rank packs its whole state into one gather (at most 2 GiB in all): for small models and
 /// for exporting. Over a `Transport` (`ckpt::cuda::nccl`, `ckpt::in_process`) only names and
 /// shapes are gathered; the bytes then stream to rank 0 chunk by chunk, straight out of the
-/// ranks' tensors (GPU memory with NCCL), while rank 0 writes, so rank 0 holds no more than its
-/// save pipeline's buffers. At load, with `scatter_on_load`, rank 0 reads each rank's slices and
-/// sends them into its tensors; the other ranks never read storage.
+/// ranks' tensors (GPU memory with NCCL), while rank 0 writes, so in a save rank 0 holds no more
+/// than its pipeline's buffers (save_async's snapshot on rank 0 does hold the whole state). At
+/// load, with `scatter_on_load`, rank 0 reads each rank's slices and values and sends them into
+/// its tensors, and checks the validation logits; the other ranks never read storage.
 ///
 /// @code
 /// ckpt::checkpointer<ckpt::gather_to_root<ckpt::mpi>, ckpt::posix> cp{{}, "/ckpt/export"};

@@ -287,6 +287,13 @@ TEST_CASE("ranks that disagree on transfer_bytes are refused, naming both values
     CHECK(contains(w.errors[r], "largest: 2000"));
   }
   check_released(w);
+  // Too small to carry the constructor's agreement (two 8-byte words), even at one rank.
+  world tiny;
+  auto eight = small;
+  eight.transfer_bytes = 8;
+  tiny.run(1, {eight}, [&](comm_t&, fake::runtime&, int) { constructed = true; });
+  CHECK(!constructed);
+  CHECK(contains(tiny.errors[0], "must be at least 16 bytes"));
 }
 
 TEST_CASE("bad arguments are refused with the tensor named, and leave the communicator usable") {

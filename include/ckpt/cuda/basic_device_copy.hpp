@@ -146,15 +146,23 @@ class basic_device_copy {
     call(t, offset, n, "cudaStreamWaitEvent", [&] { rt_->wait(user_, ctx.after); });
   }
 
-  /// Lends a pinned buffer of at least `n` bytes to ckpt's pipelines, or an empty one when that
-  /// would take the lent memory past `lend_bytes`. Buffers given back are reused; idle ones are
+  /// Requests below this are refused: a small buffer gains little from being pinned, and a
+  /// snapshot of many small tensors would otherwise pin far more than it holds.
+  static constexpr std::size_t min_lend_bytes = std::size_t{64} << 10;
+
+  /// Lends a pinned buffer of at least `n` bytes to ckpt's pipelines, or an empty one (the
+  /// borrower then uses ordinary memory) when `n` is under `min_lend_bytes`, when lending it
+  /// would take the lent memory past `lend_bytes`, or when the system refuses to pin more
+  /// (a locked-memory limit must not fail a save). Buffers given back are reused; idle ones are
   /// freed to make room for a bigger one. Pinned memory is allocated in the calling thread's
-  /// current CUDA context, which ckpt's pipelines keep to the thread that called save or load.
+  /// current CUDA context (ckpt borrows on the thread that called save or load, which is
+  /// normally the thread that runs your kernels); it is portable, so it serves every GPU.
   lent_buffer lend(std::size_t n) {
+    if (n < min_lend_bytes) return {};
     try {
       return lent_->lend(n, lent_);
-    } catch (const typename Runtime::failure& e) {
-      throw error(error_kind::io, "cuda::device_copy: cudaHostAlloc (" + std::to_string(n) + " bytes) failed: " + e.what());
+    } catch (const typename Runtime::failure&) {
+      return {};
     }
   }
 
@@ -269,15 +277,18 @@ class basic_device_copy {
       n = (n + grain - 1) / grain * grain;
       std::lock_guard lock(mu_);
       std::byte* p = nullptr;
-      if (auto it = idle_.lower_bound(n); it != idle_.end()) {
+      auto it = idle_.lower_bound(n);  // the smallest idle buffer that fits
+      std::size_t idle_bytes = 0;
+      for (const auto& [size, _] : idle_) idle_bytes += size;
+      const bool room = n <= limit_ && total_ - idle_bytes + n <= limit_;
+      // An idle buffer much bigger than asked is kept for a bigger request, if a fresh one fits.
+      if (it != idle_.end() && (it->first <= 2 * n || !room)) {
         n = it->first;
         p = it->second;
         idle_.erase(it);
       } else {
-        // Free idle buffers (smallest first) until the new one fits the bound, if it can.
-        std::size_t idle_bytes = 0;
-        for (const auto& [size, _] : idle_) idle_bytes += size;
-        if (n > limit_ || total_ - idle_bytes + n > limit_) return {};
+        if (!room) return {};
+        // Free idle buffers (smallest first) until the new one fits the bound.
         while (total_ + n > limit_) free_locked(idle_.begin());
         p = static_cast<std::byte*>(rt_->host_alloc(n));
         all_.emplace(reinterpret_cast<std::uintptr_t>(p), std::pair{p, n});

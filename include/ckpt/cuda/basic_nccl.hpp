@@ -37,7 +37,7 @@ struct nccl_options {
   /// Size of the communicator's device scratch buffer and of its pinned host buffer (one of
   /// each per communicator, allocated once). Every transfer moves in pieces of at most this many
   /// bytes, so the two sides of a send and its receive make the same NCCL calls. **Every rank
-  /// must use the same value** (the constructor checks it). At least 8 bytes per rank.
+  /// must use the same value** (the constructor checks it). At least 16 bytes, and 8 bytes per rank.
   std::size_t transfer_bytes{std::size_t{8} << 20};
   /// How long one call waits for its bytes before it decides that a peer is gone, aborts the
   /// NCCL communicator and throws. Generous: a peer may be busy writing a checkpoint.
@@ -371,11 +371,13 @@ class basic_nccl {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(error_kind::invalid_argument,
                   "cuda::nccl: rank " + std::to_string(rank) + " is not in a world of " + std::to_string(size) + " ranks");
-    if (options.transfer_bytes < 8 * static_cast<std::size_t>(size))
+    // One all-gather round carries every rank's 8-byte size, and the constructor's agreement
+    // reduces two 8-byte words.
+    const std::size_t least = std::max<std::size_t>(16, 8 * static_cast<std::size_t>(size));
+    if (options.transfer_bytes < least)
       throw error(error_kind::invalid_argument, "cuda::nccl: nccl_options::transfer_bytes (" + std::to_string(options.transfer_bytes) +
-                                                    ") must be at least 8 bytes per rank (" +
-                                                    std::to_string(8 * static_cast<std::size_t>(size)) + " for " +
-                                                    std::to_string(size) + " ranks)");
+                                                    ") must be at least 16 bytes and 8 bytes per rank (" + std::to_string(least) +
+                                                    " for " + std::to_string(size) + " ranks)");
     if (options.timeout.count() <= 0)
       throw error(error_kind::invalid_argument, "cuda::nccl: nccl_options::timeout must be positive");
   }
@@ -426,10 +428,14 @@ class basic_nccl {
     return *s_;
   }
 
+  /// Refuses calls on a broken communicator, and makes its GPU current on the calling thread:
+  /// calls come from whichever thread saves (save_async's background thread among them), and
+  /// a thread with no current device would otherwise create a context on GPU 0.
   static void healthy(state& s) {
     if (!s.broken.empty())
       throw error(error_kind::communication, "cuda::nccl: the communicator was aborted after " + s.broken +
                                                  "; every rank must make a new one");
+    call(s, op{"set device"}, "cudaSetDevice", [&] { s.rt.set_device(s.device); });
   }
 
   static void check_peer(const state& s, int peer, const char* what, bool root) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <span>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "format.hpp"
 #include "region.hpp"
 #include "shard_io.hpp"
+#include "staging_buffer.hpp"
 
 namespace ckpt::detail {
 
@@ -37,11 +39,32 @@ inline std::vector<byte_range> transfer_ranges(const tensor_ref& t, std::uint64_
   return out;
 }
 
-/// A rank other than 0, at save: sends every chunk of every tensor it holds, in order.
+/// A rank other than 0, at save: sends every chunk of every tensor it holds, in order. Rank 0
+/// waits for each of them, so a chunk that cannot be sent (the Transport refuses the tensor)
+/// is replaced by zeros, and so is every chunk after it; then the first error is thrown, and
+/// the save fails on every rank with nothing committed.
 template <class Comm>
 void send_to_root(Comm& comm, const std::vector<stored_tensor>& tensors, std::uint64_t chunk_bytes) {
+  std::exception_ptr failure;
+  std::vector<std::byte> zeros;
   for (const auto& t : tensors)
-    for (const auto& r : transfer_ranges(t.ref, chunk_bytes)) comm.send_tensor(t.ref, r.offset, r.bytes, 0);
+    for (const auto& r : transfer_ranges(t.ref, chunk_bytes)) {
+      if (!failure) {
+        try {
+          comm.send_tensor(t.ref, r.offset, r.bytes, 0);
+          continue;
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      try {
+        zeros.assign(static_cast<std::size_t>(r.bytes), std::byte{0});
+        comm.send_host(zeros, 0);
+      } catch (...) {
+        std::rethrow_exception(failure);  // the communicator itself is broken: nothing more to send
+      }
+    }
+  if (failure) std::rethrow_exception(failure);
 }
 
 /// Rank 0's DevicePolicy while it writes a streamed gather. Tensors other ranks hold (their
@@ -76,6 +99,13 @@ class receiving_device {
   }
 
   void from_host(std::span<const std::byte> src, const tensor_ref& t, std::uint64_t offset) { local_.from_host(src, t, offset); }
+
+  /// Rank 0's own chunks still stage into what its DevicePolicy lends (pinned memory).
+  lent_buffer lend(std::size_t n)
+    requires lends_buffers<Dev>
+  {
+    return local_.lend(n);
+  }
 
   /// Whether every transfer the other ranks make has been received.
   bool complete() const noexcept { return next_ == expected_.size(); }
