@@ -75,7 +75,7 @@ struct rank_state {
       v.value("seen", seen);
     if (!on_gpu.empty())
       v.tensor("g", ckpt::tensor_ref(ckpt::dtype::f32, {on_gpu.size()}, on_gpu.data(), ckpt::device::cuda(0))
-                        .sharded({.global_shape = {on_gpu.size() * tp}, .offset = {on_gpu.size() * rank}}));
+                        .sharded({.global_shape = {on_gpu.size()}, .offset = {0}}));  // all of it, on this rank
   }
   bool operator==(const rank_state& o) const { return w == o.w && c == o.c && b == o.b && e == o.e && m == o.m && seen == o.seen; }
 };
@@ -256,35 +256,51 @@ TEST_CASE("gather_to_root over a Transport: a damaged chunk of one rank's slice 
 }
 
 namespace {
-/// Accepts tensors marked as GPU memory (here plain host memory): what a GPU DevicePolicy
-/// would let through to a Transport that cannot move them.
+/// A "GPU" DevicePolicy for tensors marked as GPU memory (here plain host memory), which
+/// in_process cannot move: they are staged through it. `lost` makes staging fail.
 struct lenient_device : ckpt::host_copy {
+  bool lost = false;
   bool accepts(ckpt::device) const noexcept { return true; }
+  void to_host(const ckpt::tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) const {
+    if (lost && t.where().type == ckpt::device::kind::cuda) throw ckpt::error(ckpt::error_kind::io, "lenient_device: the GPU is gone");
+    ckpt::host_copy::to_host(t, offset, dst);
+  }
 };
+using lenient_cp = ckpt::checkpointer<ckpt::gather_to_root<ckpt::in_process>, ckpt::posix, ckpt::raw, lenient_device>;
 }  // namespace
 
-TEST_CASE("gather_to_root over a Transport: a shard a rank cannot send fails every rank's save, and the same world saves again") {
+TEST_CASE("gather_to_root over a Transport: tensors it cannot move are staged through the DevicePolicy; a failure there fails every rank") {
   test::temp_dir dir;
   auto errors = on_ranks(3, [&](ckpt::in_process comm, std::uint32_t r) {
-    ckpt::checkpointer<ckpt::gather_to_root<ckpt::in_process>, ckpt::posix, ckpt::raw, lenient_device> cp{{.comm = comm}, dir.path(),
-                                                                                                            small_chunks};
-    rank_state s(r, 3, 1.0f);
-    if (r == 1) s.on_gpu.assign(5000, 1.0f);  // 5 chunks that in_process refuses to send
+    {
+      lenient_cp cp{{.comm = comm}, dir.path(), small_chunks, {}, lenient_device{}};
+      rank_state s(r, 3, 1.0f);
+      if (r == 1)
+        for (int i = 0; i < 5000; ++i) s.on_gpu.push_back(static_cast<float>(i) * 0.5f);  // 5 chunks
+      cp.save(1, s);
+      rank_state got(r, 3, 0.0f);
+      if (r == 1) got.on_gpu.assign(5000, -1.0f);
+      cp.load(got);  // rank 1 receives `g` as host bytes and its DevicePolicy puts them in place
+      if (!(got == s) || got.on_gpu != s.on_gpu) throw std::runtime_error("rank " + std::to_string(r) + ": wrong state");
+    }
+    lenient_cp cp{{.comm = comm}, dir.path(), small_chunks, {}, lenient_device{{}, r == 1}};
+    rank_state s(r, 3, 2.0f);
+    if (r == 1) s.on_gpu.assign(5000, 2.0f);
     std::string failed;
     try {
-      cp.save(1, s);
+      cp.save(2, s);
     } catch (const ckpt::error& e) {
       failed = e.what();
     }
-    if (!mentions(failed, "rank 1: in_process: can only send host memory")) throw std::runtime_error("save 1: " + failed);
-    rank_state ok(r, 3, 2.0f);
-    cp.save(2, ok);  // nothing of the failed save is left in flight
+    if (!mentions(failed, "rank 1: lenient_device: the GPU is gone")) throw std::runtime_error("save 2: " + failed);
+    rank_state ok(r, 3, 3.0f);
+    cp.save(3, ok);  // nothing of the failed save is left in flight
     rank_state got(r, 3, 0.0f);
     cp.load(got);
     if (!(got == ok)) throw std::runtime_error("wrong state after the failed save");
   });
   for (const auto& e : errors) CHECK(e == "");
-  CHECK_FALSE(fs::exists(dir.path() / "global_step1" / "metadata.json"));
+  CHECK_FALSE(fs::exists(dir.path() / "global_step2" / "metadata.json"));
 }
 
 TEST_CASE("gather_to_root over a Transport: a value one rank cannot load fails every rank's scattered load, and the same world loads again") {

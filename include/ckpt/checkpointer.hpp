@@ -462,7 +462,7 @@ class checkpointer {
     if constexpr (detail::streams<Policy>) {
       auto& comm = policy_.communicator();
       if (!plan.sent.empty()) {
-        detail::send_to_root(comm, plan.sent, plan.transfer_chunk);
+        detail::send_to_root(comm, plan.sent, plan.transfer_chunk, device_);
         plan.sent.clear();
       }
       if (std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; })) {
@@ -516,7 +516,7 @@ class checkpointer {
     std::optional<detail::written_shard> written;
     detail::collective(comm, [&] {
       if constexpr (detail::streams<Policy>) {
-        if (!plan.sent.empty()) detail::send_to_root(comm, plan.sent, plan.transfer_chunk);
+        if (!plan.sent.empty()) detail::send_to_root(comm, plan.sent, plan.transfer_chunk, device);
       }
       if (auto path = policy_.shard_file()) {
         const auto rank = static_cast<std::uint32_t>(comm.rank());
@@ -1077,11 +1077,20 @@ class checkpointer {
         sink(t.ref->nbytes());
         continue;
       }
+      bool received = false;
       try {
-        comm.recv_tensor(*t.ref, 0, t.ref->nbytes(), 0);
+        if (detail::transport_moves(comm, *t.ref)) {
+          comm.recv_tensor(*t.ref, 0, t.ref->nbytes(), 0);
+          received = true;
+        } else {  // staged through the DevicePolicy (GPU memory over MPI)
+          bytes.resize(static_cast<std::size_t>(t.ref->nbytes()));
+          comm.recv_host(bytes, 0);
+          received = true;
+          device_.from_host(bytes, *t.ref, 0);
+        }
       } catch (...) {
         failure = std::current_exception();
-        sink(t.ref->nbytes());
+        if (!received) sink(t.ref->nbytes());
       }
     }
     for (const auto& [val, pick] : plan.values) {

@@ -347,6 +347,10 @@ constexpr bool diagnose_communicator() {
 /// them, whichever of the functions each side uses (a `send_tensor` may meet a `recv_host`).
 /// Transfers of 0 bytes are made by neither side.
 ///
+/// Optional: `bool moves(const ckpt::tensor_ref&) const`, whether `send_tensor`/`recv_tensor`
+/// can take that tensor's memory directly (without it: every tensor). Tensors it cannot move
+/// (GPU memory over MPI) are staged through the checkpointer's DevicePolicy and sent as host bytes.
+///
 /// @code
 /// struct my_transport : my_comm {
 ///   void send_tensor(const ckpt::tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer);

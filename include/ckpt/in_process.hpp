@@ -109,6 +109,9 @@ struct in_process {
     return best;
   }
 
+  /// Host memory only: tensors elsewhere are staged by the checkpointer's DevicePolicy.
+  bool moves(const tensor_ref& t) const noexcept { return t.where().type == device::kind::host; }
+
   /// Sends bytes [offset, offset + bytes) of host tensor `t` to `peer`.
   void send_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer) const {
     check(t, offset, bytes, "send");

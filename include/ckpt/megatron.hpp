@@ -96,14 +96,15 @@ struct megatron {
 /// (`mp_rank_00/model_optim_rng.ckpt`) holding every rank's slices and values, loadable at any
 /// layout.
 ///
-/// How the bytes travel depends on the communicator. Over a plain Communicator (`ckpt::mpi`)
-/// each rank packs its whole state into one gather (at most 2 GiB in all): for small models and
-/// for exporting. Over a `Transport` (`ckpt::cuda::nccl`, `ckpt::in_process`) only names and
-/// shapes are gathered; the bytes then stream to rank 0 chunk by chunk, straight out of the
-/// ranks' tensors (GPU memory with NCCL), while rank 0 writes, so in a save rank 0 holds no more
-/// than its pipeline's buffers (save_async's snapshot on rank 0 does hold the whole state). At
+/// How the bytes travel depends on the communicator. Over a `Transport` (`ckpt::mpi`,
+/// `ckpt::cuda::nccl`, `ckpt::in_process`) only names and shapes are gathered; the bytes then
+/// stream to rank 0 chunk by chunk, straight out of the ranks' tensors (GPU memory with NCCL),
+/// while rank 0 writes, so in a save rank 0 holds no more than its pipeline's buffers
+/// (save_async's snapshot on rank 0 does hold the whole state). At
 /// load, with `scatter_on_load`, rank 0 reads each rank's slices and values and sends them into
 /// its tensors, and checks the validation logits; the other ranks never read storage.
+/// Over a Communicator that is not a Transport, each rank packs its whole state into one gather
+/// (at most 2 GiB in all).
 ///
 /// @code
 /// ckpt::checkpointer<ckpt::gather_to_root<ckpt::mpi>, ckpt::posix> cp{{}, "/ckpt/export"};

@@ -16,6 +16,7 @@
 #endif
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <span>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "tensor.hpp"
 
 namespace ckpt {
 
@@ -128,7 +130,64 @@ class mpi {
     return out;
   }
 
+  // Point to point: this makes ckpt::mpi a Transport, so gather_to_root streams each rank's
+  // shards to rank 0 chunk by chunk (no 2 GiB limit, rank 0 holds only its pipeline's buffers)
+  // and scatters loads from rank 0.
+
+  /// Host memory only: ckpt does not assume a CUDA-aware MPI, so GPU tensors are staged through
+  /// the checkpointer's DevicePolicy.
+  bool moves(const tensor_ref& t) const noexcept { return t.where().type == device::kind::host; }
+
+  void send_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer) {
+    check_range(t, offset, bytes, "send");
+    send_host({t.data() + offset, static_cast<std::size_t>(bytes)}, peer);
+  }
+  void recv_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer) {
+    check_range(t, offset, bytes, "receive");
+    if (bytes && !t.writable()) throw error(error_kind::invalid_argument, "ckpt::mpi: cannot receive into a read-only tensor");
+    recv_host({t.data() + offset, static_cast<std::size_t>(bytes)}, peer);
+  }
+  /// Sends in messages of at most 1 GiB (MPI counts are ints), tagged apart from anything else.
+  void send_host(std::span<const std::byte> bytes, int peer) {
+    check_peer(peer);
+    for (std::size_t at = 0; at < bytes.size(); at += transfer_piece) {
+      const auto n = std::min(transfer_piece, bytes.size() - at);
+      check(MPI_Send(bytes.data() + at, static_cast<int>(n), MPI_BYTE, peer, transfer_tag, comm_), "MPI_Send");
+    }
+  }
+  /// Receives what the matching send_host sent, checking every message's size.
+  void recv_host(std::span<std::byte> bytes, int peer) {
+    check_peer(peer);
+    for (std::size_t at = 0; at < bytes.size(); at += transfer_piece) {
+      const auto n = std::min(transfer_piece, bytes.size() - at);
+      MPI_Status status;
+      check(MPI_Recv(bytes.data() + at, static_cast<int>(n), MPI_BYTE, peer, transfer_tag, comm_, &status), "MPI_Recv");
+      int got = 0;
+      check(MPI_Get_count(&status, MPI_BYTE, &got), "MPI_Get_count");
+      if (static_cast<std::size_t>(got) != n)
+        throw error(error_kind::communication, "ckpt::mpi: expected " + std::to_string(n) + " bytes from rank " + std::to_string(peer) +
+                                                   " and received " + std::to_string(got));
+    }
+  }
+
  private:
+  static constexpr std::size_t transfer_piece = std::size_t{1} << 30;
+  static constexpr int transfer_tag = 0x636b;  // "ck"
+
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw error(error_kind::invalid_argument, "ckpt::mpi: rank " + std::to_string(rank_) + " cannot exchange bytes with rank " +
+                                                    std::to_string(peer) + " in a world of " + std::to_string(size_));
+  }
+  static void check_range(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, const char* what) {
+    if (bytes != 0 && t.where().type != device::kind::host)
+      throw error(error_kind::invalid_argument, std::string("ckpt::mpi: can only ") + what + " host memory");
+    if (offset > t.nbytes() || bytes > t.nbytes() - offset)
+      throw error(error_kind::invalid_argument, std::string("ckpt::mpi: ") + what + " of bytes [" + std::to_string(offset) + ", +" +
+                                                    std::to_string(bytes) + ") outside a tensor of " + std::to_string(t.nbytes()) +
+                                                    " bytes");
+  }
+
   static void check(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];

@@ -125,6 +125,14 @@ class basic_nccl {
   int size() const { return use().size; }
   /// The GPU the NCCL communicator is bound to.
   int gpu() const { return use().device; }
+
+  /// Which tensors `send_tensor`/`recv_tensor` take directly: host memory (staged through the
+  /// pinned buffer) and this communicator's GPU. The checkpointer stages others (another GPU's)
+  /// through its DevicePolicy.
+  bool moves(const tensor_ref& t) const {
+    const auto d = t.where();
+    return d.type == device::kind::host || (d.type == device::kind::cuda && d.id == use().device);
+  }
   /// Calls are serialised, so the checkpointer may use it from its background thread.
   bool thread_safe() const noexcept { return true; }
 

@@ -39,31 +39,49 @@ inline std::vector<byte_range> transfer_ranges(const tensor_ref& t, std::uint64_
   return out;
 }
 
-/// A rank other than 0, at save: sends every chunk of every tensor it holds, in order. Rank 0
-/// waits for each of them, so a chunk that cannot be sent (the Transport refuses the tensor)
-/// is replaced by zeros, and so is every chunk after it; then the first error is thrown, and
-/// the save fails on every rank with nothing committed.
+/// Whether the Transport moves `t`'s memory itself (see the Transport concept's `moves`).
 template <class Comm>
-void send_to_root(Comm& comm, const std::vector<stored_tensor>& tensors, std::uint64_t chunk_bytes) {
+bool transport_moves(const Comm& comm, const tensor_ref& t) {
+  if constexpr (requires { { comm.moves(t) } -> std::convertible_to<bool>; })
+    return comm.moves(t);
+  else
+    return true;
+}
+
+/// A rank other than 0, at save: sends every chunk of every tensor it holds, in order; a tensor
+/// the Transport cannot move is staged through the DevicePolicy chunk by chunk. Rank 0 waits for
+/// each chunk, so one that cannot be sent (staging failed, the Transport refused it) is replaced
+/// by zeros, and so is every chunk after it; then the first error is thrown, and the save fails
+/// on every rank with nothing committed.
+template <class Comm, class Dev>
+void send_to_root(Comm& comm, const std::vector<stored_tensor>& tensors, std::uint64_t chunk_bytes, Dev& device) {
   std::exception_ptr failure;
-  std::vector<std::byte> zeros;
-  for (const auto& t : tensors)
+  std::vector<std::byte> staged;
+  for (const auto& t : tensors) {
+    const bool direct = transport_moves(comm, t.ref);
     for (const auto& r : transfer_ranges(t.ref, chunk_bytes)) {
       if (!failure) {
         try {
-          comm.send_tensor(t.ref, r.offset, r.bytes, 0);
+          if (direct) {
+            comm.send_tensor(t.ref, r.offset, r.bytes, 0);
+          } else {
+            staged.resize(static_cast<std::size_t>(r.bytes));
+            device.to_host(t.ref, r.offset, staged);
+            comm.send_host(staged, 0);
+          }
           continue;
         } catch (...) {
           failure = std::current_exception();
         }
       }
       try {
-        zeros.assign(static_cast<std::size_t>(r.bytes), std::byte{0});
-        comm.send_host(zeros, 0);
+        staged.assign(static_cast<std::size_t>(r.bytes), std::byte{0});
+        comm.send_host(staged, 0);
       } catch (...) {
         std::rethrow_exception(failure);  // the communicator itself is broken: nothing more to send
       }
     }
+  }
   if (failure) std::rethrow_exception(failure);
 }
 
