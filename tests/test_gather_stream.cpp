@@ -36,6 +36,9 @@ struct packed_only {
 static_assert(ckpt::Transport<ckpt::in_process>);
 static_assert(ckpt::Communicator<packed_only> && !ckpt::Transport<packed_only>);
 
+/// A whole number from a salt that may be negative (a float's conversion to unsigned would not be).
+std::uint64_t salt_bits(float salt) { return static_cast<std::uint64_t>(static_cast<std::int64_t>(salt * 4)); }
+
 /// One rank's state: a weight split by rows (unevenly; at tp=3 rank 0 holds none of `e`), a
 /// weight split by columns, a replicated bias, bf16 optimizer moments and a per-rank counter.
 struct rank_state {
@@ -48,14 +51,14 @@ struct rank_state {
   std::uint32_t seen32 = 0;
   std::vector<float> on_gpu;  // when not empty: a tensor marked as GPU memory, which in_process cannot move
 
-  rank_state(std::uint32_t r, std::uint32_t n, float salt) : rank(r), tp(n), seen(1000 + r + static_cast<std::uint64_t>(salt)) {
+  rank_state(std::uint32_t r, std::uint32_t n, float salt) : rank(r), tp(n), seen(1000 + r + salt_bits(salt)) {
     for (std::uint64_t i = lo(rows); i < hi(rows); ++i)
       for (std::uint64_t j = 0; j < cols; ++j) w.push_back(salt + static_cast<float>(i * cols + j));
     for (std::uint64_t i = 0; i < cols; ++i)
       for (std::uint64_t j = lo(rows); j < hi(rows); ++j) c.push_back(salt - static_cast<float>(i * rows + j));
     for (std::size_t k = 0; k < b.size(); ++k) b[k] = salt + 0.25f * static_cast<float>(k);
     for (std::uint64_t i = lo(erows); i < hi(erows); ++i) e.push_back(salt * 3 + static_cast<float>(i));
-    for (std::uint64_t i = lo(rows); i < hi(rows); ++i) m.push_back(static_cast<std::uint16_t>(i * 7 + static_cast<std::uint64_t>(salt)));
+    for (std::uint64_t i = lo(rows); i < hi(rows); ++i) m.push_back(static_cast<std::uint16_t>(i * 7 + salt_bits(salt)));
   }
   std::uint64_t lo(std::uint64_t n) const { return n * rank / tp; }
   std::uint64_t hi(std::uint64_t n) const { return n * (rank + 1) / tp; }
