@@ -7,7 +7,8 @@
 # and, for CI (.ci/run) and by hand:
 #
 #   bash tools/dev.sh sanitize   # the unit suite and crash campaign under ASan+UBSan, and the
-#                                # threaded and async tests under TSan (build-asan, build-tsan)
+#                                # threaded and async tests (the GPU fakes' too) under TSan
+#                                # (build-asan, build-tsan)
 #
 # BUILD_DIR (default: build) chooses the build directory.
 set -euo pipefail
@@ -116,10 +117,13 @@ case "${1:-}" in
     # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
     build_dir=${TSAN_BUILD_DIR:-build-tsan}
     configure -Db_sanitize=thread "${common[@]}"
-    meson compile -C "$build_dir" tests/unit_threads tests/s3/test_s3
+    meson compile -C "$build_dir" tests/unit_threads tests/s3/test_s3 tests/cuda/test_device_copy tests/cuda/test_nccl
     TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/unit_threads" --no-intro --minimal || status=1
+    # The GPU policies on their fakes: every fake stream and fake NCCL rank is a thread.
+    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_device_copy" --no-intro --minimal || status=1
+    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_nccl" --no-intro --minimal || status=1
     TSAN_OPTIONS=halt_on_error=1 /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
-    [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests, S3 tests)"
+    [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests, S3 tests, device_copy and NCCL on their fakes)"
     exit $status
     ;;
   *)
