@@ -240,62 +240,14 @@ class basic_nccl {
   /// user's stream; a host tensor is staged through pinned memory. Returns once the bytes have
   /// left.
   void send_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer) {
-    auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
-    check_peer(s, peer, "send_tensor", false);
-    check_tensor(s, t, offset, bytes, "send_tensor", false);
-    op o{"send_tensor", peer};
-    o.t = &t;
-    o.base = offset;
-    o.total = bytes;
-    if (bytes == 0) return;
-    if (t.where().type == device::kind::host) {
-      send_staged(s, o, t.data() + offset, static_cast<std::size_t>(bytes), peer);
-      return;
-    }
-    order_after_user(s, o);
-    for (std::uint64_t at = 0; at < bytes; at += s.options.transfer_bytes) {
-      o.at = at;
-      o.len = std::min<std::uint64_t>(s.options.transfer_bytes, bytes - at);
-      call(s, o, "ncclSend", [&] { s.api.send(t.data() + offset + at, static_cast<std::size_t>(o.len), peer, s.comm, s.stream); });
-    }
-    o.at = 0;
-    o.len = bytes;
-    watch(s, o);
+    transfer_tensor(t, offset, bytes, peer, false);
   }
 
   /// Receives `bytes` bytes from `peer` into `t` at byte `offset`. Into a GPU tensor straight
   /// (after the user's stream's pending work, and the user's stream then waits for the bytes);
   /// into a host tensor through pinned memory. Returns once the bytes have landed.
   void recv_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer) {
-    auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
-    check_peer(s, peer, "recv_tensor", false);
-    check_tensor(s, t, offset, bytes, "recv_tensor", true);
-    op o{"recv_tensor", peer};
-    o.t = &t;
-    o.base = offset;
-    o.total = bytes;
-    if (bytes == 0) return;
-    if (t.where().type == device::kind::host) {
-      recv_staged(s, o, t.data() + offset, static_cast<std::size_t>(bytes), peer);
-      return;
-    }
-    order_after_user(s, o);
-    for (std::uint64_t at = 0; at < bytes; at += s.options.transfer_bytes) {
-      o.at = at;
-      o.len = std::min<std::uint64_t>(s.options.transfer_bytes, bytes - at);
-      call(s, o, "ncclRecv", [&] { s.api.recv(t.data() + offset + at, static_cast<std::size_t>(o.len), peer, s.comm, s.stream); });
-    }
-    o.at = 0;
-    o.len = bytes;
-    watch(s, o);
-    // The bytes are there already; the event makes the order explicit for a user stream that
-    // does not synchronise with the host (the same as device_copy's from_host).
-    call(s, o, "cudaEventRecord", [&] { s.rt.record(s.after, s.stream); });
-    call(s, o, "cudaStreamWaitEvent (user stream)", [&] { s.rt.wait(s.user, s.after); });
+    transfer_tensor(t, offset, bytes, peer, true);
   }
 
   /// Sends host bytes to `peer`, through pinned memory; returns once they have left.
@@ -372,6 +324,49 @@ class basic_nccl {
     std::string broken;            // why the communicator was aborted; empty while it is sound
     std::mutex mu;
   };
+
+  /// send_tensor and recv_tensor: the tensor's bytes in pieces of transfer_bytes, straight from
+  /// or into GPU memory (ordered with the user's stream both ways), or through pinned memory for
+  /// a host tensor.
+  void transfer_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer, bool receive) {
+    const char* name = receive ? "recv_tensor" : "send_tensor";
+    auto& s = use();
+    std::lock_guard lock(s.mu);
+    healthy(s);
+    check_peer(s, peer, name, false);
+    check_tensor(s, t, offset, bytes, name, receive);
+    op o{name, peer};
+    o.t = &t;
+    o.base = offset;
+    o.total = bytes;
+    if (bytes == 0) return;
+    if (t.where().type == device::kind::host) {
+      if (receive)
+        recv_staged(s, o, t.data() + offset, static_cast<std::size_t>(bytes), peer);
+      else
+        send_staged(s, o, t.data() + offset, static_cast<std::size_t>(bytes), peer);
+      return;
+    }
+    order_after_user(s, o);
+    for (std::uint64_t at = 0; at < bytes; at += s.options.transfer_bytes) {
+      o.at = at;
+      o.len = std::min<std::uint64_t>(s.options.transfer_bytes, bytes - at);
+      std::byte* piece = t.data() + offset + at;
+      const auto n = static_cast<std::size_t>(o.len);
+      if (receive)
+        call(s, o, "ncclRecv", [&] { s.api.recv(piece, n, peer, s.comm, s.stream); });
+      else
+        call(s, o, "ncclSend", [&] { s.api.send(piece, n, peer, s.comm, s.stream); });
+    }
+    o.at = 0;
+    o.len = bytes;
+    watch(s, o);
+    if (!receive) return;
+    // The bytes are there already; the event makes the order explicit for a user stream that
+    // does not synchronise with the host (the same as device_copy's from_host).
+    call(s, o, "cudaEventRecord", [&] { s.rt.record(s.after, s.stream); });
+    call(s, o, "cudaStreamWaitEvent (user stream)", [&] { s.rt.wait(s.user, s.after); });
+  }
 
   // ----- setup --------------------------------------------------------------------------------
 

@@ -10,19 +10,8 @@
 ///     {.comm = comm}, "/ckpt/export", {}, {}, ckpt::cuda::device_copy{{}, my_stream}};
 /// @endcode
 
-#if !__has_include(<mpi.h>)
-#error "ckpt/cuda/nccl_mpi.hpp needs MPI's <mpi.h> (e.g. compile with mpicxx, or Meson's dependency('mpi', language: 'cpp'))"
-#endif
-
-// Only MPI's C interface is used; Open MPI's and MPICH's deprecated C++ bindings would
-// otherwise come along (and warn).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+// MPI itself (and the clear #error without it) comes as ckpt::mpi has it.
+#include "../mpi.hpp"
 
 #include <span>
 #include <string>
