@@ -114,6 +114,9 @@ struct state {
   std::size_t device_now = 0, device_allocs = 0;
   std::map<void*, std::size_t> device_sizes;
   std::atomic<std::uint64_t> queries{0};
+  // Calls made on a thread that never chose a device with set_device: on a real GPU they would
+  // run in (and, the first time, create) a context on GPU 0.
+  std::atomic<std::uint64_t> calls_without_device{0};
   // Events outlive destroy() while operations still refer to them, as CUDA's do.
   std::map<event_impl*, std::shared_ptr<event_impl>> events;
   int device = -1;
@@ -130,7 +133,14 @@ struct runtime {
 
   std::shared_ptr<state> st = std::make_shared<state>();
 
+  /// The threads that called set_device on this runtime (CUDA's current device is per thread).
+  static bool& chose_device(const state* s) {
+    thread_local std::map<const state*, bool> chosen;
+    return chosen[s];
+  }
+
   void enter(const std::string& call) {
+    if (call != "set_device" && !chose_device(st.get())) ++st->calls_without_device;
     std::lock_guard lock(st->mu);
     st->calls.push_back(call);
     const int n = ++st->uses[call];
@@ -140,6 +150,7 @@ struct runtime {
 
   void set_device(int d) {
     enter("set_device");
+    chose_device(st.get()) = true;
     st->device = d;
   }
   void* host_alloc(std::size_t n) {
@@ -176,6 +187,7 @@ struct runtime {
   }
   /// Polled by watchdogs, so not recorded in `calls` (it would drown the ordering checks).
   bool query(stream s) {
+    if (!chose_device(st.get())) ++st->calls_without_device;
     ++st->queries;
     return resolve(s)->idle();
   }

@@ -548,5 +548,8 @@ TEST_CASE("gather_to_root over basic_nccl: GPU shards travel to rank 0 and back,
   REQUIRE(w.all_fine());
   CHECK(mismatch == std::vector<std::string>(3));
   CHECK(w.api.calls("ncclSend") > 0);  // the shards went point to point
+  // save_async used the communicators from background threads: each call made its GPU current
+  // there first, so no call ran where a real GPU would make a context on GPU 0.
+  for (const auto& rt : w.runtimes) CHECK(rt.st->calls_without_device == 0);
   check_released(w);
 }
