@@ -334,6 +334,28 @@ TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes")
   }
 }
 
+TEST_CASE("the checksum is XXH3-64 exactly, whichever vector unit computes it") {
+  // detail::xxh3 may run libxxhash's AVX2/AVX-512 dispatch (hash.hpp); the format defines the
+  // checksum as XXH3-64, which the library's baseline XXH3_64bits computes by definition.
+  std::vector<std::byte> data((std::size_t{1} << 20) + 7);
+  std::uint64_t x = 0x9e3779b97f4a7c15;
+  for (auto& b : data) b = static_cast<std::byte>((x = x * 6364136223846793005 + 1442695040888963407) >> 56);
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 600; ++n) sizes.push_back(n);
+  for (std::size_t n : {1023, 1024, 1025, 4096, 65536 + 3, 262144, 1 << 20}) sizes.push_back(n);
+  sizes.push_back(data.size());
+  for (const auto n : sizes) {
+    CAPTURE(n);
+    const std::span<const std::byte> in(data.data(), n);
+    const auto want = XXH3_64bits(in.data(), in.size());
+    CHECK(xxh3(in) == want);
+    xxh3_stream h;  // in uneven pieces
+    for (std::size_t at = 0, piece = 1; at < n; at += piece, piece = piece * 3 + 1) h.update(in.subspan(at, std::min(piece, n - at)));
+    CHECK(h.digest() == want);
+  }
+  CHECK(xxh3(std::string_view("")) == 0x2d06800538d394c2);  // XXH3-64 of nothing (xxHash's test vector)
+}
+
 TEST_CASE("latest holds a tag and its checksum, and a tag outside the root is rejected") {
   const auto text = encode_latest("global_step7");
   CHECK(decode_latest(text, "latest") == "global_step7");

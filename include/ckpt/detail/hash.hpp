@@ -1,6 +1,7 @@
 #pragma once
 // XXH3-64, the checksum of every chunk, value, index and metadata file (libxxhash).
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -8,12 +9,35 @@
 
 #include <xxhash.h>
 
+// On x86-64, libxxhash's runtime dispatch picks the widest vector unit the CPU has (AVX2 or
+// AVX-512); its plain XXH3_64bits is built for the baseline SSE2. Same hash, 3-3.5x faster on
+// data in cache: 0.027 against 0.08-0.10 s per GiB on this project's machine (AVX2), which is
+// most of what verifying a chunk costs on load. Debian's libxxhash (0.8.1) exports the
+// dispatch functions; define CKPT_XXH3_DISPATCH=0 for a libxxhash built without them (Meson
+// does so when it cannot link them).
+#ifndef CKPT_XXH3_DISPATCH
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#define CKPT_XXH3_DISPATCH 1
+#else
+#define CKPT_XXH3_DISPATCH 0
+#endif
+#endif
+#if CKPT_XXH3_DISPATCH
+#define XXH_DISPATCH_DISABLE_REPLACE  // name the dispatch functions below; leave XXH3_* as they are
+#include <xxh_x86dispatch.h>
+#endif
+
 namespace ckpt::detail {
 
-inline std::uint64_t xxh3(std::span<const std::byte> bytes) noexcept {
-  return XXH3_64bits(bytes.data(), bytes.size());
+inline std::uint64_t xxh3(const void* data, std::size_t size) noexcept {
+#if CKPT_XXH3_DISPATCH
+  return XXH3_64bits_dispatch(data, size);
+#else
+  return XXH3_64bits(data, size);
+#endif
 }
-inline std::uint64_t xxh3(std::string_view s) noexcept { return XXH3_64bits(s.data(), s.size()); }
+inline std::uint64_t xxh3(std::span<const std::byte> bytes) noexcept { return xxh3(bytes.data(), bytes.size()); }
+inline std::uint64_t xxh3(std::string_view s) noexcept { return xxh3(s.data(), s.size()); }
 
 /// Streaming XXH3-64 for data that arrives in pieces.
 class xxh3_stream {
@@ -25,7 +49,13 @@ class xxh3_stream {
   xxh3_stream(const xxh3_stream&) = delete;
   xxh3_stream& operator=(const xxh3_stream&) = delete;
   ~xxh3_stream() { XXH3_freeState(state_); }
-  void update(std::span<const std::byte> b) noexcept { XXH3_64bits_update(state_, b.data(), b.size()); }
+  void update(std::span<const std::byte> b) noexcept {
+#if CKPT_XXH3_DISPATCH
+    XXH3_64bits_update_dispatch(state_, b.data(), b.size());
+#else
+    XXH3_64bits_update(state_, b.data(), b.size());
+#endif
+  }
   std::uint64_t digest() const noexcept { return XXH3_64bits_digest(state_); }
 
  private:
