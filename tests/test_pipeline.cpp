@@ -5,6 +5,7 @@
 #include "helpers.hpp"
 
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
@@ -193,6 +194,40 @@ TEST_CASE_TEMPLATE("loads read in parallel and verify every chunk", B, test::pos
     CHECK(loaded == saved);
     CHECK(r.bytes_read > 0);
   }
+}
+
+TEST_CASE("a load keeps each worker's file open from one chunk to the next") {
+  // posix storage that counts the files it opens for reading.
+  struct counting_posix : ckpt::posix {
+    using ckpt::posix::posix;
+    std::shared_ptr<std::atomic<int>> opens = std::make_shared<std::atomic<int>>(0);
+    reader open_reader(std::string_view key) const {
+      ++*opens;
+      return ckpt::posix::open_reader(key);
+    }
+  };
+  struct many_tensors {
+    std::vector<std::vector<float>> small = std::vector<std::vector<float>>(300, std::vector<float>(64));
+    std::vector<float> big = std::vector<float>(std::size_t{1} << 18);  // 1 MiB: 256 chunks of 4 KiB
+    void checkpoint(ckpt::visitor& v) {
+      for (std::size_t i = 0; i < small.size(); ++i) v.tensor("bias." + std::to_string(i), small[i]);
+      v.tensor("big", big);
+    }
+  } saved, loaded;
+  for (std::size_t i = 0; i < saved.small.size(); ++i) std::fill(saved.small[i].begin(), saved.small[i].end(), static_cast<float>(i));
+  for (std::size_t i = 0; i < saved.big.size(); ++i) saved.big[i] = static_cast<float>(i) * 0.5f;
+  test::temp_dir dir;
+  counting_posix store(dir.path());
+  ckpt::checkpointer<ckpt::single_process, counting_posix> cp{{}, store, {.chunk_bytes = 4096, .threads = 2}};
+  cp.save(1, saved);
+  store.opens->store(0);
+  cp.load(loaded);
+  CHECK(loaded.small == saved.small);
+  CHECK(loaded.big == saved.big);
+  // 556 chunks, all in one shard file: at most one open per pipeline slot (2 per worker) for
+  // the chunks, plus the reads of metadata, chunk map and the file's index.
+  CHECK(*store.opens > 0);
+  CHECK(*store.opens <= 4);
 }
 
 TEST_CASE("save_async returns after the snapshot: later changes to the tensors are not saved") {

@@ -1110,32 +1110,45 @@ class checkpointer {
     if (failure) std::rethrow_exception(failure);
   }
 
-  /// Reads `out.size()` bytes at `offset` and returns their XXH3, hashing each piece as soon as
-  /// it arrives: the bytes are hashed while still in the CPU's cache instead of being fetched
-  /// from memory a second time, which makes verifying nearly free.
-  std::uint64_t read_hashed(const std::string& key, std::uint64_t offset, std::span<std::byte> out) const {
+  /// A load worker's open file: the last file its reads came from, kept open for the next
+  /// chunk, which mostly comes from the same shard file. A load then opens each file about
+  /// once per pipeline slot, not once per chunk: a model of many small tensors (biases, norms)
+  /// otherwise pays an open and a close for each of them.
+  struct open_file {
+    std::uint32_t index = UINT32_MAX;
+    std::optional<typename detail::reader_of<Store>::type> reader;
+  };
+
+  /// Reads `out.size()` bytes at `offset` of file `index` (`key`) and returns their XXH3,
+  /// hashing each piece as soon as it arrives: the bytes are hashed while still in the CPU's
+  /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
+  std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
+                            std::span<std::byte> out) const {
+    const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
+      if constexpr (detail::opens_readers<Store>) {
+        if (file.index != index || !file.reader) {
+          file.reader.reset();
+          file.reader.emplace(storage_.open_reader(key));
+          file.index = index;
+        }
+        file.reader->read(at, part);
+      } else {
+        storage_.read(key, at, part);
+      }
+    };
     constexpr std::size_t piece = detail::read_piece_bytes<Store>();
     if (out.size() <= piece) {
-      storage_.read(key, offset, out);
+      read(offset, out);
       return detail::xxh3(out);
     }
-    auto hash_pieces = [&](auto&& read) {
-      detail::xxh3_stream h;
-      for (std::size_t at = 0; at < out.size(); at += piece) {
-        const auto part = out.subspan(at, std::min(piece, out.size() - at));
-        read(offset + at, part);
-        h.update(part);
-      }
-      return h.digest();
-    };
-    if constexpr (detail::opens_readers<Store>) {
-      const auto file = storage_.open_reader(key);  // opened once, not once per piece
-      return hash_pieces([&](std::uint64_t at, std::span<std::byte> part) { file.read(at, part); });
-    } else {
-      return hash_pieces([&](std::uint64_t at, std::span<std::byte> part) { storage_.read(key, at, part); });
+    detail::xxh3_stream h;
+    for (std::size_t at = 0; at < out.size(); at += piece) {
+      const auto part = out.subspan(at, std::min(piece, out.size() - at));
+      read(offset + at, part);
+      h.update(part);
     }
+    return h.digest();
   }
-
 
   /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
   ///
@@ -1171,6 +1184,7 @@ class checkpointer {
       detail::staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
       std::vector<std::byte> decoded;
       std::span<const std::byte> plain;
+      open_file file;  // used by one item at a time, like the buffer
     };
     const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
     std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(reads.size(), 1)));
@@ -1211,7 +1225,7 @@ class checkpointer {
               if (runs == 1 && bytes == raw_size) {
                 std::span<std::byte> target(dev.host_view(ref) + at, bytes);
                 r.read = bytes;
-                if (read_hashed(key, c.file_offset[i], target) != c.xxh3[i]) throw mismatch();
+                if (read_hashed(key, c.file[i], sl.file, c.file_offset[i], target) != c.xxh3[i]) throw mismatch();
                 r.filled = bytes;
                 r.in_place = true;
                 return;
@@ -1220,7 +1234,7 @@ class checkpointer {
           }
           sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
           r.read = sl.buffer.size();
-          if (read_hashed(key, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch();
+          if (read_hashed(key, c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch();
           sl.plain = sl.buffer.span();
           if (c.codec[i] != 0) {
             sl.decoded.resize(raw_size);

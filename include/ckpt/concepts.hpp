@@ -143,12 +143,23 @@ concept lockable_root = requires(S& s, bool wait) {
 };
 
 /// A Storage that can open a file once for several reads offers `open_reader(key)`, returning
-/// an object with `read(offset, out)` (the same contract as the Storage's own `read`). Loads
-/// read each chunk in pieces of 256 KiB, hashing each piece while it is in cache; with a reader
-/// the file is opened once per chunk instead of once per piece.
+/// a movable object with `read(offset, out)` (the same contract as the Storage's own `read`,
+/// and safe to call while another reader of the same file reads). Loads read each chunk in
+/// pieces of 256 KiB, hashing each piece while it is in cache; with readers, each load worker
+/// keeps its file open from one chunk to the next instead of opening it for every read.
 template <class S>
 concept opens_readers = requires(const S& cs, std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
   { cs.open_reader(key).read(offset, out) };
+};
+
+/// What `open_reader` returns, or std::monostate for a Storage without readers.
+template <class S>
+struct reader_of {
+  using type = std::monostate;
+};
+template <opens_readers S>
+struct reader_of<S> {
+  using type = decltype(std::declval<const S&>().open_reader(std::string_view{}));
 };
 
 /// How many bytes a load asks a Storage for at a time while hashing a chunk: 256 KiB (the
