@@ -7,168 +7,37 @@
 //   bench/save_load --dir /var/tmp --rss 4 [--codec raw|zstd_bytegroup] (extra peak RSS of one save)
 //   bench/save_load --codecs [--runs 5]                                 (ratios and encode throughput)
 //
-// Workloads (values from N(0, 0.02), like initialised weights):
-//   fp32       200 fp32 tensors, `gib` GiB in all;
-//   bf16_adam  the same 200 tensors in bf16 plus fp32 Adam moments (exp_avg, exp_avg_sq) of
-//              each, 2.5 × `gib` GiB in all.
+// The workloads (fp32, bf16_adam) and the raw baselines are in workload.hpp.
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/detail/pipeline.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
+#include "workload.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using namespace bench;
 
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "save_load: %s\n", what.c_str());
-  std::exit(1);
-}
-
-/// A model-like state: named tensors in plain buffers.
-struct tensor_buf {
-  std::string name;
-  ckpt::dtype type;
-  ckpt::shape_t shape;
-  std::vector<std::byte> bytes;
-};
-struct state {
-  std::vector<tensor_buf> tensors;
-  std::uint64_t step = 0;
-  template <class V>
-  void checkpoint(V& v) {
-    for (auto& t : tensors) v.tensor(t.name, ckpt::tensor_ref(t.type, t.shape, t.bytes.data()));
-    v.value("step", step);
-  }
-  std::uint64_t bytes() const {
-    std::uint64_t n = 0;
-    for (const auto& t : tensors) n += t.bytes.size();
-    return n;
-  }
-};
-
-/// 200 tensors whose sizes vary like a transformer's (a few large, many medium), `total` bytes
-/// of fp32 in all, filled from N(0, 0.02) by several threads.
-std::vector<std::uint64_t> element_counts(std::uint64_t total_fp32_bytes) {
-  std::vector<double> weight(200);
-  for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = (i % 8 == 0) ? 4.0 : (i % 8 < 4 ? 1.0 : 0.5);
-  double sum = 0;
-  for (auto w : weight) sum += w;
-  std::vector<std::uint64_t> counts;
-  for (auto w : weight) counts.push_back(static_cast<std::uint64_t>(w / sum * static_cast<double>(total_fp32_bytes) / 4) / 1024 * 1024);
-  return counts;
-}
-
-void fill_normal(tensor_buf& t, std::uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 0.02f);
-  const auto n = t.bytes.size() / ckpt::size_of(t.type);
-  if (t.type == ckpt::dtype::f32) {
-    auto* p = reinterpret_cast<float*>(t.bytes.data());
-    for (std::size_t i = 0; i < n; ++i) p[i] = d(g);
-  } else {
-    auto* p = reinterpret_cast<ckpt::bfloat16*>(t.bytes.data());
-    for (std::size_t i = 0; i < n; ++i) p[i] = ckpt::bfloat16(d(g));
-  }
-}
-
-state make_state(const std::string& workload, double gib) {
-  state s;
-  const auto total = static_cast<std::uint64_t>(gib * 1024 * 1024 * 1024);
-  const auto counts = element_counts(total);
-  auto add = [&](std::string name, ckpt::dtype type, std::uint64_t n) {
-    auto& t = s.tensors.emplace_back();
-    t.name = std::move(name);
-    t.type = type;
-    t.shape = {n / 1024, 1024};
-    t.bytes.resize(n * ckpt::size_of(type));
-  };
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    const auto base = "layers." + std::to_string(i / 8) + ".w" + std::to_string(i % 8);
-    if (workload == "fp32") {
-      add(base, ckpt::dtype::f32, counts[i]);
-    } else if (workload == "bf16_adam") {
-      add(base, ckpt::dtype::bf16, counts[i]);
-      add("optimizer." + base + ".exp_avg", ckpt::dtype::f32, counts[i]);
-      add("optimizer." + base + ".exp_avg_sq", ckpt::dtype::f32, counts[i]);
-    } else {
-      die("unknown workload " + workload);
-    }
-  }
-  std::vector<std::thread> pool;
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  for (unsigned w = 0; w < threads; ++w)
-    pool.emplace_back([&, w] {
-      for (std::size_t i = w; i < s.tensors.size(); i += threads) fill_normal(s.tensors[i], 1000 + i);
-    });
-  for (auto& t : pool) t.join();
-  return s;
-}
-
-/// Drops a file's pages from the page cache (they are clean after fsync), so the next read
-/// comes from the disk.
-void drop_cache(const std::filesystem::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-void drop_cache_tree(const std::filesystem::path& dir) {
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) drop_cache(e.path());
-}
-
-/// The limit: one file, every tensor written in turn with write(2), then fsync.
-double raw_write(const state& s, const std::filesystem::path& file) {
+/// The raw writer, timed whole (write calls and fsync).
+double timed_raw_write(const state& s, const std::filesystem::path& file) {
   const auto t0 = clock_type::now();
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) die("open " + file.string());
-  for (const auto& t : s.tensors) {
-    std::size_t done = 0;
-    while (done < t.bytes.size()) {
-      const auto n = ::write(fd, t.bytes.data() + done, t.bytes.size() - done);
-      if (n <= 0) die("write " + file.string());
-      done += static_cast<std::size_t>(n);
-    }
-  }
-  if (::fsync(fd) != 0) die("fsync");
-  ::close(fd);
+  (void)raw_write(s, file);
   return since(t0);
 }
-
-/// The limit for loads: the same file read back in order into the state's buffers.
-double raw_read(state& s, const std::filesystem::path& file) {
+double timed_raw_read(state& s, const std::filesystem::path& file) {
   const auto t0 = clock_type::now();
-  const int fd = ::open(file.c_str(), O_RDONLY);
-  if (fd < 0) die("open " + file.string());
-  for (auto& t : s.tensors) {
-    std::size_t done = 0;
-    while (done < t.bytes.size()) {
-      const auto n = ::read(fd, t.bytes.data() + done, t.bytes.size() - done);
-      if (n <= 0) die("read " + file.string());
-      done += static_cast<std::size_t>(n);
-    }
-  }
-  ::close(fd);
+  raw_read(s, file);
   return since(t0);
 }
 
@@ -188,7 +57,8 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
   const auto root = dir / "ckpt";
   const auto raw_file = dir / "raw.bin";
   disk_checkpointer cp{{}, root, {.keep_last_n = 1}};
-  state back = s;  // load targets, preallocated
+  state back = s;              // load targets, preallocated
+  state odd = shifted(s, 16);  // the same, 16 bytes past an alignment
   for (int run = 0; run < runs; ++run) {
     // Sync save, raw codec, fsync'd, against raw write + fsync of the same bytes. Whichever
     // writes second often finds the disk slower (this virtual disk's throughput comes in
@@ -200,19 +70,19 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
       sv = since(t0);
     };
     if (run % 2 == 0) {
-      w = raw_write(s, raw_file);
+      w = timed_raw_write(s, raw_file);
       timed_save();
     } else {
       timed_save();
-      w = raw_write(s, raw_file);
+      w = timed_raw_write(s, raw_file);
     }
     print("raw_write_s", w);
     print("save_s", sv);
     print("save_ratio", w / sv);
     // Cold loads: page cache dropped for both files.
     drop_cache(raw_file);
-    drop_cache_tree(root);
-    const double rc = raw_read(back, raw_file);
+    drop_cache(root);
+    const double rc = timed_raw_read(back, raw_file);
     auto t0 = clock_type::now();
     cp.load(back);
     const double lc = since(t0);
@@ -220,17 +90,23 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     print("load_cold_s", lc);
     print("load_cold_ratio", rc / lc);
     // Warm: everything in the page cache (read once more first).
-    (void)raw_read(back, raw_file);
-    const double rw = raw_read(back, raw_file);
+    raw_read(back, raw_file);
+    const double rw = timed_raw_read(back, raw_file);
     t0 = clock_type::now();
     cp.load(back);
     const double lw = since(t0);
     print("raw_read_warm_s", rw);
     print("load_warm_s", lw);
     print("load_warm_ratio", rw / lw);
+    // Warm again, into buffers 16 bytes past an alignment, as a std::vector's are; against the
+    // same raw read into aligned buffers.
+    t0 = clock_type::now();
+    cp.load(odd);
+    const double lo = since(t0);
+    print("load_warm_misaligned_s", lo);
+    print("load_warm_misaligned_ratio", rw / lo);
   }
-  if (std::memcmp(back.tensors[0].bytes.data(), s.tensors[0].bytes.data(), s.tensors[0].bytes.size()) != 0)
-    die("loaded bytes differ from the saved ones");
+  if (!back.same_bytes(s) || !odd.same_bytes(s)) die("loaded bytes differ from the saved ones");
 
   // Async: time blocked in save_async (from the second save on, when its snapshot buffers
   // exist) against memcpy of the state into preallocated buffers.
@@ -240,7 +116,7 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
   for (int run = 0; run < runs; ++run) {
     auto t0 = clock_type::now();
     for (std::size_t i = 0; i < s.tensors.size(); ++i)
-      std::memcpy(copy.tensors[i].bytes.data(), s.tensors[i].bytes.data(), s.tensors[i].bytes.size());
+      std::memcpy(copy.tensors[i].data(), s.tensors[i].data(), s.tensors[i].size());
     const double mc = since(t0);
     // A compute-bound loop while the save writes, against the same loop alone. "Alone" is
     // measured just before the save and just after it, each for as long as the save ran, and
@@ -283,7 +159,7 @@ void once(const std::string& workload, double gib, const std::filesystem::path& 
   auto t0 = clock_type::now();
   cp.save(1, s);
   print("save_s", since(t0));
-  drop_cache_tree(dir / "ckpt_once");
+  drop_cache(dir / "ckpt_once");
   ::sync();
   ::sleep(3);  // as torch_peer.py does: the disk slows down for seconds after a burst of writes
   t0 = clock_type::now();
@@ -318,34 +194,43 @@ void rss(double gib, const std::filesystem::path& dir) {
 }
 
 /// Compression ratio and encode throughput of zstd_bytegroup against zstd level 1, and encode
-/// throughput with two threads against one, on 256 MiB of N(0, 0.02) values in 4 MiB chunks.
+/// throughput with two threads against one, on 256 MiB of N(0, 0.02) values in 4 MiB chunks
+/// (each run times every encoder twice, in mirrored order).
 void codecs(int runs) {
   for (const char* workload : {"bf16", "fp32"}) {
     tensor_buf t;
     t.type = std::string(workload) == "bf16" ? ckpt::dtype::bf16 : ckpt::dtype::f32;
-    t.bytes.resize(std::size_t{256} << 20);
+    t.block.resize(std::size_t{256} << 20);
     fill_normal(t, 7);
-    const std::size_t chunk = std::size_t{4} << 20, chunks = t.bytes.size() / chunk;
+    const std::size_t chunk = std::size_t{4} << 20, chunks = t.size() / chunk;
+    // Output buffers are allocated and touched once, outside the timing, as a checkpointer
+    // keeps its staging buffers from one save to the next.
+    std::vector<std::vector<std::byte>> out(4);
+    for (auto& o : out) o.resize(ckpt::zstd_bytegroup{}.max_encoded_size(chunk), std::byte{1});
     auto encode_all = [&](const auto& codec, unsigned threads, std::uint64_t& stored) {
-      std::vector<std::vector<std::byte>> out(2 * threads);
       std::atomic<std::uint64_t> total{0};
       const auto t0 = clock_type::now();
       ckpt::detail::run_pipeline(
-          chunks, out.size(), threads, [](std::size_t, std::size_t) {},
+          chunks, 2 * threads, threads, [](std::size_t, std::size_t) {},
           [&](std::size_t i, std::size_t s) {
-            out[s].resize(codec.max_encoded_size(chunk));
-            total += codec.encode(std::span<const std::byte>(t.bytes).subspan(i * chunk, chunk), t.type, out[s]);
+            total += codec.encode(std::span<const std::byte>(t.data(), t.size()).subspan(i * chunk, chunk), t.type, out[s]);
           },
           [](std::size_t, std::size_t) {});
       stored = total;
       return since(t0);
     };
     for (int run = 0; run < runs; ++run) {
-      std::uint64_t zs = 0, bs = 0, bs2 = 0;
-      const double z1 = encode_all(ckpt::zstd{}, 1, zs);
-      const double b1 = encode_all(ckpt::zstd_bytegroup{}, 1, bs);
-      const double b2 = encode_all(ckpt::zstd_bytegroup{}, 2, bs2);
-      const double raw = static_cast<double>(t.bytes.size());
+      // In the order A B C C B A, each figure from the sums of its pair: this VM's CPU speed
+      // drifts over seconds, and a drift that is linear over the run then cancels.
+      std::uint64_t zs = 0, bs = 0, ignored = 0;
+      double z1 = encode_all(ckpt::zstd{}, 1, zs);
+      double b1 = encode_all(ckpt::zstd_bytegroup{}, 1, bs);
+      double b2 = encode_all(ckpt::zstd_bytegroup{}, 2, ignored);
+      b2 += encode_all(ckpt::zstd_bytegroup{}, 2, ignored);
+      b1 += encode_all(ckpt::zstd_bytegroup{}, 1, ignored);
+      z1 += encode_all(ckpt::zstd{}, 1, ignored);
+      z1 /= 2, b1 /= 2, b2 /= 2;
+      const double raw = static_cast<double>(t.size());
       const std::string w = workload;
       print((w + "_zstd_ratio").c_str(), raw / static_cast<double>(zs));
       print((w + "_bytegroup_ratio").c_str(), raw / static_cast<double>(bs));

@@ -10,137 +10,23 @@
 
 #include <ckpt/ckpt.hpp>
 
-#include <fcntl.h>
+#include "workload.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using namespace bench;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-/// save_load's workloads: 200 tensors sized like a transformer's (every eighth four times the
-/// others), `gib` of fp32 in all ("fp32"), or the same in bf16 plus two fp32 Adam moments each
-/// ("bf16_adam"); values N(0, 0.02).
-struct tensor_buf {
-  std::string name;
-  ckpt::dtype type;
-  std::vector<std::byte> bytes;
-};
-struct state {
-  std::vector<tensor_buf> tensors;
-  void checkpoint(ckpt::visitor& v) {
-    for (auto& t : tensors) {
-      const auto n = t.bytes.size() / ckpt::size_of(t.type);
-      v.tensor(t.name, ckpt::tensor_ref(t.type, {n / 1024, 1024}, t.bytes.data()));
-    }
-  }
-};
-
-state make_state(const std::string& workload, double gib) {
-  state s;
-  std::vector<double> weight(200);
-  double sum = 0;
-  for (std::size_t i = 0; i < weight.size(); ++i) sum += weight[i] = (i % 8 == 0) ? 4.0 : (i % 8 < 4 ? 1.0 : 0.5);
-  auto add = [&](std::string name, ckpt::dtype type, std::size_t n) {
-    s.tensors.push_back({std::move(name), type, std::vector<std::byte>(n * ckpt::size_of(type))});
-  };
-  for (std::size_t i = 0; i < weight.size(); ++i) {
-    const auto n = static_cast<std::size_t>(weight[i] / sum * gib * (1u << 30) / 4) / 1024 * 1024;
-    const auto name = "layers." + std::to_string(i);
-    if (workload == "fp32") {
-      add(name, ckpt::dtype::f32, n);
-    } else if (workload == "bf16_adam") {
-      add(name, ckpt::dtype::bf16, n);
-      add("optimizer." + name + ".exp_avg", ckpt::dtype::f32, n);
-      add("optimizer." + name + ".exp_avg_sq", ckpt::dtype::f32, n);
-    } else {
-      std::fprintf(stderr, "unknown workload %s\n", workload.c_str());
-      std::exit(2);
-    }
-  }
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < 2; ++t)
-    pool.emplace_back([&, t] {
-      for (std::size_t i = t; i < s.tensors.size(); i += 2) {
-        auto& b = s.tensors[i];
-        std::mt19937_64 g(i);
-        std::normal_distribution<float> d(0.f, 0.02f);
-        if (b.type == ckpt::dtype::f32)
-          for (std::size_t k = 0; k < b.bytes.size() / 4; ++k) reinterpret_cast<float*>(b.bytes.data())[k] = d(g);
-        else
-          for (std::size_t k = 0; k < b.bytes.size() / 2; ++k)
-            reinterpret_cast<ckpt::bfloat16*>(b.bytes.data())[k] = ckpt::bfloat16(d(g));
-      }
-    });
-  for (auto& t : pool) t.join();
-  return s;
-}
-
-/// Every tensor written with write(2) into one new file, then fsync. Returns the seconds spent
-/// inside write calls; the caller times the whole.
-double raw_write(const state& s, const std::filesystem::path& file) {
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) std::exit(1);
-  double in_write = 0;
-  for (const auto& t : s.tensors) {
-    const auto* p = reinterpret_cast<const char*>(t.bytes.data());
-    std::size_t done = 0, size = t.bytes.size();
-    const auto t0 = clock_type::now();
-    while (done < size) {
-      const auto n = ::write(fd, p + done, size - done);
-      if (n <= 0) std::exit(1);
-      done += static_cast<std::size_t>(n);
-    }
-    in_write += since(t0);
-  }
-  if (::fsync(fd) != 0) std::exit(1);
-  ::close(fd);
-  return in_write;
-}
-
-/// The same file read back in order into the state's buffers.
-void raw_read(state& s, const std::filesystem::path& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY);
-  if (fd < 0) std::exit(1);
-  for (auto& t : s.tensors) {
-    std::size_t done = 0;
-    while (done < t.bytes.size()) {
-      const auto n = ::read(fd, t.bytes.data() + done, t.bytes.size() - done);
-      if (n <= 0) std::exit(1);
-      done += static_cast<std::size_t>(n);
-    }
-  }
-  ::close(fd);
-}
-
-/// Drops every file under `p` from the page cache (clean after fsync), so reads go to the disk.
-void drop_cache(const std::filesystem::path& p) {
-  auto drop = [](const std::filesystem::path& f) {
-    const int fd = ::open(f.c_str(), O_RDONLY);
-    if (fd < 0) return;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  };
-  if (std::filesystem::is_directory(p)) {
-    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
-      if (e.is_regular_file()) drop(e.path());
-  } else {
-    drop(p);
-  }
 }
 
 }  // namespace
@@ -230,7 +116,7 @@ int main(int argc, char** argv) {
       std::printf("settled_load_cold_ratio %.6g\n", read / loaded);
     }
   }
-  if (back.tensors[0].bytes != s.tensors[0].bytes) {
+  if (!back.same_bytes(s)) {
     std::fprintf(stderr, "loaded bytes differ from the saved ones\n");
     return 1;
   }

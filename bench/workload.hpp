@@ -1,0 +1,204 @@
+#pragma once
+// The benchmarks' model-like state and their raw-I/O baselines (save_load, save_vs_raw).
+//
+// Workloads (values from N(0, 0.02), like initialised weights):
+//   fp32       200 fp32 tensors sized like a transformer's (every eighth four times the others),
+//              `gib` GiB in all;
+//   bf16_adam  the same 200 tensors in bf16 plus fp32 Adam moments (exp_avg, exp_avg_sq) of
+//              each, 2.5 × `gib` GiB in all.
+//
+// Tensor buffers are 64-byte aligned, as PyTorch's CPU allocator and most engines' allocators
+// give them, so that the raw baselines run at the speed the kernel allows: a read(2) into a
+// destination that is not 64-byte aligned runs 2.5-3x slower out of the page cache on this
+// machine (see ckpt::posix::reader::read). `shifted()` makes a copy whose buffers start
+// `bytes` past an alignment, to measure ckpt on buffers like a std::vector's (16 bytes into a
+// page).
+
+#include <ckpt/ckpt.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+inline double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+[[noreturn]] inline void die(const std::string& what) {
+  std::fprintf(stderr, "bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+/// std::allocator with 64-byte alignment.
+template <class T>
+struct aligned64 {
+  using value_type = T;
+  aligned64() = default;
+  template <class U>
+  aligned64(const aligned64<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
+  friend bool operator==(const aligned64&, const aligned64&) { return true; }
+};
+
+/// One named tensor in its own buffer; its bytes start `shift` bytes into a 64-byte aligned block.
+struct tensor_buf {
+  std::string name;
+  ckpt::dtype type{};
+  ckpt::shape_t shape;
+  std::vector<std::byte, aligned64<std::byte>> block;
+  std::size_t shift = 0;
+
+  std::byte* data() { return block.data() + shift; }
+  const std::byte* data() const { return block.data() + shift; }
+  std::size_t size() const { return block.size() - shift; }
+};
+
+struct state {
+  std::vector<tensor_buf> tensors;
+  std::uint64_t step = 0;
+  template <class V>
+  void checkpoint(V& v) {
+    for (auto& t : tensors) v.tensor(t.name, ckpt::tensor_ref(t.type, t.shape, t.data()));
+    v.value("step", step);
+  }
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& t : tensors) n += t.size();
+    return n;
+  }
+  bool same_bytes(const state& o) const {
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (!std::equal(tensors[i].data(), tensors[i].data() + tensors[i].size(), o.tensors[i].data())) return false;
+    return true;
+  }
+};
+
+inline void fill_normal(tensor_buf& t, std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  const auto n = t.size() / ckpt::size_of(t.type);
+  if (t.type == ckpt::dtype::f32) {
+    auto* p = reinterpret_cast<float*>(t.data());
+    for (std::size_t i = 0; i < n; ++i) p[i] = d(g);
+  } else {
+    auto* p = reinterpret_cast<ckpt::bfloat16*>(t.data());
+    for (std::size_t i = 0; i < n; ++i) p[i] = ckpt::bfloat16(d(g));
+  }
+}
+
+/// The workload, filled by one thread per core.
+inline state make_state(const std::string& workload, double gib) {
+  std::vector<double> weight(200);
+  double sum = 0;
+  for (std::size_t i = 0; i < weight.size(); ++i) sum += weight[i] = (i % 8 == 0) ? 4.0 : (i % 8 < 4 ? 1.0 : 0.5);
+  state s;
+  auto add = [&](std::string name, ckpt::dtype type, std::uint64_t n) {
+    auto& t = s.tensors.emplace_back();
+    t.name = std::move(name);
+    t.type = type;
+    t.shape = {n / 1024, 1024};
+    t.block.resize(n * ckpt::size_of(type));
+  };
+  for (std::size_t i = 0; i < weight.size(); ++i) {
+    const auto n = static_cast<std::uint64_t>(weight[i] / sum * gib * (1u << 30) / 4) / 1024 * 1024;
+    const auto base = "layers." + std::to_string(i / 8) + ".w" + std::to_string(i % 8);
+    if (workload == "fp32") {
+      add(base, ckpt::dtype::f32, n);
+    } else if (workload == "bf16_adam") {
+      add(base, ckpt::dtype::bf16, n);
+      add("optimizer." + base + ".exp_avg", ckpt::dtype::f32, n);
+      add("optimizer." + base + ".exp_avg_sq", ckpt::dtype::f32, n);
+    } else {
+      die("unknown workload " + workload);
+    }
+  }
+  std::vector<std::thread> pool;
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      for (std::size_t i = w; i < s.tensors.size(); i += threads) fill_normal(s.tensors[i], 1000 + i);
+    });
+  for (auto& t : pool) t.join();
+  return s;
+}
+
+/// A copy of `s` whose buffers start `bytes` past a 64-byte boundary.
+inline state shifted(const state& s, std::size_t bytes) {
+  state out;
+  out.step = s.step;
+  for (const auto& t : s.tensors) {
+    auto& c = out.tensors.emplace_back();
+    c.name = t.name, c.type = t.type, c.shape = t.shape, c.shift = bytes;
+    c.block.resize(t.size() + bytes);
+    std::copy(t.data(), t.data() + t.size(), c.data());
+  }
+  return out;
+}
+
+/// Drops a file, or every file under a directory, from the page cache (the pages are clean
+/// after fsync), so the next read comes from the disk.
+inline void drop_cache(const std::filesystem::path& p) {
+  auto drop = [](const std::filesystem::path& f) {
+    const int fd = ::open(f.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  if (std::filesystem::is_directory(p)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+      if (e.is_regular_file()) drop(e.path());
+  } else {
+    drop(p);
+  }
+}
+
+/// The limit for saves: every tensor written in turn with write(2) into one new file, then
+/// fsync. Returns the seconds spent inside write calls; callers time the whole.
+inline double raw_write(const state& s, const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) die("open " + file.string());
+  double in_write = 0;
+  for (const auto& t : s.tensors) {
+    std::size_t done = 0;
+    const auto t0 = clock_type::now();
+    while (done < t.size()) {
+      const auto n = ::write(fd, t.data() + done, t.size() - done);
+      if (n <= 0) die("write " + file.string());
+      done += static_cast<std::size_t>(n);
+    }
+    in_write += since(t0);
+  }
+  if (::fsync(fd) != 0) die("fsync " + file.string());
+  ::close(fd);
+  return in_write;
+}
+
+/// The limit for loads: the same file read back in order with read(2) into the state's buffers.
+inline void raw_read(state& s, const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  if (fd < 0) die("open " + file.string());
+  for (auto& t : s.tensors) {
+    std::size_t done = 0;
+    while (done < t.size()) {
+      const auto n = ::read(fd, t.data() + done, t.size() - done);
+      if (n <= 0) die("read " + file.string());
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  ::close(fd);
+}
+
+}  // namespace bench
