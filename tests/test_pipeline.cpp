@@ -8,6 +8,7 @@
 #include <memory>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -49,6 +50,43 @@ TEST_CASE("run_pipeline stages and finishes in order, works in parallel, and bou
       }
       CHECK(most.load() <= static_cast<long>(slots));
     }
+}
+
+TEST_CASE("parallel_for runs every item once on the given threads and rethrows the lowest failure") {
+  for (unsigned workers : {1u, 2u, 5u}) {
+    CAPTURE(workers);
+    const std::size_t n = 1000;
+    std::vector<std::atomic<int>> runs(n);
+    std::mutex mu;
+    std::set<unsigned> numbers;
+    std::set<std::thread::id> threads;
+    ckpt::detail::parallel_for(n, workers, [&](std::size_t i, unsigned w) {
+      ++runs[i];
+      if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let others run
+      std::lock_guard lock(mu);
+      numbers.insert(w);
+      threads.insert(std::this_thread::get_id());
+    });
+    for (std::size_t i = 0; i < n; ++i) CHECK(runs[i] == 1);
+    CHECK(*numbers.rbegin() < workers);
+    CHECK(threads.size() <= workers);
+    CHECK(threads.count(std::this_thread::get_id()) == 1);  // the caller works too
+  }
+  // Failures: the lowest failing item's error, and no item starts long after a failure.
+  std::atomic<std::size_t> started{0};
+  try {
+    ckpt::detail::parallel_for(100000, 3, [&](std::size_t i, unsigned) {
+      ++started;
+      if (i == 10 || i == 11 || i == 500) throw std::runtime_error("item " + std::to_string(i) + " failed");
+    });
+    FAIL("no exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "item 10 failed");
+  }
+  CHECK(started < 100000);
+  bool called = false;
+  ckpt::detail::parallel_for(0, 4, [&](std::size_t, unsigned) { called = true; });
+  CHECK(!called);
 }
 
 TEST_CASE("run_pipeline rethrows the first failure after every thread stopped") {

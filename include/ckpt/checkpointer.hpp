@@ -1152,10 +1152,11 @@ class checkpointer {
 
   /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
   ///
-  /// Every overlapping chunk is one item of run_pipeline: workers read, verify and decode
-  /// chunks in parallel (when the Storage allows concurrent reads), and raw chunks that land
-  /// in a host tensor as one contiguous run are read straight into it and verified there.
-  /// Anything else is copied into the tensor through `dev` on one finishing thread, so a
+  /// Raw chunks that land in a host tensor as one contiguous run (what a load at the saved
+  /// layout mostly reads) are read straight into it and verified there, by every worker at
+  /// once in no particular order. The other chunks are items of run_pipeline: workers read,
+  /// verify and decode them in parallel (when the Storage allows concurrent reads), and one
+  /// finishing thread copies them into their tensors through `dev`, in order, so a
   /// DevicePolicy is never called from two threads at once.
   template <class Dev, class Verify>
   void load_tensors(const std::vector<tensor_load>& wanted, const detail::metadata& md, const std::string& tag_dir,
@@ -1163,78 +1164,90 @@ class checkpointer {
     struct chunk_read {
       std::size_t tensor;
       std::size_t chunk;
-      bool in_place = false;     // read straight into the tensor by the worker
+      bool in_place = false;     // read straight into the tensor, at byte `at`
+      std::uint64_t at = 0;
       std::uint64_t filled = 0;  // bytes of the tensor it filled
       std::uint64_t read = 0;    // bytes read from storage
     };
     std::vector<chunk_read> reads;
+    std::vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
     std::vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
     for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
     for (std::size_t k = 0; k < wanted.size(); ++k) {
-      const auto& c = wanted[k].stored->chunks;
+      const auto& s = *wanted[k].stored;
+      const auto& c = s.chunks;
       const auto& ref = *wanted[k].ref;
       const detail::region dst{dst_offset[k], ref.shape()};
       for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
         if (c.ndim != 0 && !detail::overlaps({c.offset(i), c.shape(i)}, dst)) continue;
         verify_file(c.file[i]);  // header, trailer and footer index: once per file, before any chunk
-        reads.push_back({k, i});
+        chunk_read r{k, i};
+        if constexpr (detail::has_host_view<Dev>) {
+          const auto elem = size_of(s.type);
+          if (c.codec[i] == 0 && c.stored_size[i] == c.elements(i) * elem) {
+            std::uint64_t runs = 0, bytes = 0;
+            detail::for_each_overlap_run({c.offset(i), c.shape(i)}, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
+              ++runs;
+              r.at = d;
+              bytes = len;
+            });
+            r.in_place = runs == 1 && bytes == c.stored_size[i];
+          }
+        }
+        (r.in_place ? direct : staged).push_back(reads.size());
+        reads.push_back(r);
       }
     }
+    const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
+    const auto where = [&](const chunk_read& r) {
+      const auto& s = *wanted[r.tensor].stored;
+      return storage_.describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + detail::printable(*wanted[r.tensor].name);
+    };
+    const auto mismatch = [&](const chunk_read& r) {
+      return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " +
+                                            std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]));
+    };
+    const auto key_of = [&](const chunk_read& r) { return tag_dir + md.files[wanted[r.tensor].stored->chunks.file[r.chunk]].path; };
+
+    if constexpr (detail::has_host_view<Dev>) {
+      std::vector<open_file> files(workers);  // one per worker
+      detail::parallel_for(direct.size(), workers, [&](std::size_t k, unsigned w) {
+        auto& r = reads[direct[k]];
+        const auto& c = wanted[r.tensor].stored->chunks;
+        const auto i = r.chunk;
+        const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
+        r.read = target.size();
+        if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target) != c.xxh3[i]) throw mismatch(r);
+        r.filled = target.size();
+      });
+    }
+
     struct slot {
       detail::staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
       std::vector<std::byte> decoded;
       std::span<const std::byte> plain;
       open_file file;  // used by one item at a time, like the buffer
     };
-    const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
-    std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(reads.size(), 1)));
+    std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(staged.size(), 1)));
     if constexpr (detail::lends_buffers<Dev>) {
       // Borrowed here, on the caller's thread; the workers only resize within them.
       std::uint64_t largest = 0;
-      for (const auto& r : reads) largest = std::max(largest, wanted[r.tensor].stored->chunks.stored_size[r.chunk]);
-      for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
+      for (const auto n : staged) largest = std::max(largest, wanted[reads[n].tensor].stored->chunks.stored_size[reads[n].chunk]);
+      if (!staged.empty())
+        for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
     }
-    const auto where = [&](const chunk_read& r) {
-      const auto& s = *wanted[r.tensor].stored;
-      return storage_.describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + detail::printable(*wanted[r.tensor].name);
-    };
     detail::run_pipeline(
-        reads.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
+        staged.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
         [&](std::size_t n, std::size_t si) {  // read, verify, decode: on a worker
-          auto& r = reads[n];
+          auto& r = reads[staged[n]];
           auto& sl = ring[si];
           const auto& s = *wanted[r.tensor].stored;
-          const auto& ref = *wanted[r.tensor].ref;
           const auto& c = s.chunks;
           const auto i = r.chunk;
-          const auto key = tag_dir + md.files[c.file[i]].path;
-          const auto mismatch = [&] {
-            return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " + std::to_string(c.file_offset[i]));
-          };
-          const detail::region src{c.offset(i), c.shape(i)}, dst{dst_offset[r.tensor], ref.shape()};
-          const auto elem = size_of(s.type);
-          const auto raw_size = c.elements(i) * elem;
-          if constexpr (detail::has_host_view<Dev>) {
-            if (c.codec[i] == 0 && c.stored_size[i] == raw_size) {
-              std::uint64_t runs = 0, at = 0, bytes = 0;
-              detail::for_each_overlap_run(src, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
-                ++runs;
-                at = d;
-                bytes = len;
-              });
-              if (runs == 1 && bytes == raw_size) {
-                std::span<std::byte> target(dev.host_view(ref) + at, bytes);
-                r.read = bytes;
-                if (read_hashed(key, c.file[i], sl.file, c.file_offset[i], target) != c.xxh3[i]) throw mismatch();
-                r.filled = bytes;
-                r.in_place = true;
-                return;
-              }
-            }
-          }
+          const auto raw_size = c.elements(i) * size_of(s.type);
           sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
           r.read = sl.buffer.size();
-          if (read_hashed(key, c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch();
+          if (read_hashed(key_of(r), c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch(r);
           sl.plain = sl.buffer.span();
           if (c.codec[i] != 0) {
             sl.decoded.resize(raw_size);
@@ -1246,8 +1259,7 @@ class checkpointer {
           }
         },
         [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order
-          auto& r = reads[n];
-          if (r.in_place) return;
+          auto& r = reads[staged[n]];
           const auto& s = *wanted[r.tensor].stored;
           const auto& ref = *wanted[r.tensor].ref;
           const detail::region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
