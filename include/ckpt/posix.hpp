@@ -85,7 +85,7 @@ class posix {
    public:
     writer(writer&& o) noexcept
         : fd_(std::exchange(o.fd_, -1)), temp_(std::move(o.temp_)), final_(std::move(o.final_)),
-          dirs_(std::move(o.dirs_)) {}
+          dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         discard();
@@ -93,6 +93,7 @@ class posix {
         temp_ = std::move(o.temp_);
         final_ = std::move(o.final_);
         dirs_ = std::move(o.dirs_);
+        pending_ = std::move(o.pending_);
       }
       return *this;
     }
@@ -100,27 +101,28 @@ class posix {
     writer& operator=(const writer&) = delete;
     ~writer() { discard(); }
 
-    /// Appends bytes (handles short writes and EINTR).
+    /// Appends bytes (handles short writes and EINTR). Writes under 64 KiB are gathered into
+    /// one buffer of up to 1 MiB first: a state of thousands of small tensors would otherwise
+    /// make a system call per chunk, and ext4 zeroes the rest of a new page-cache folio on
+    /// every small write into it (a fifth of the time of saving 10 000 tensors of 1 KiB).
     void write(std::span<const std::byte> bytes) {
-      const std::byte* p = bytes.data();
-      std::size_t left = bytes.size();
-      while (left > 0) {
-        const ssize_t n = ::write(fd_, p, left);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          throw detail::posix_error("write", temp_.string(), errno);
-        }
-        if (n == 0) throw error(error_kind::io, "write " + temp_.string() + ": no progress");
-        p += n;
-        left -= static_cast<std::size_t>(n);
+      if (bytes.size() >= small_write) {
+        flush();
+        write_all(bytes);
+        return;
       }
+      if (pending_.size() + bytes.size() > pending_bytes) flush();
+      if (pending_.capacity() == 0) pending_.reserve(pending_bytes);
+      pending_.insert(pending_.end(), bytes.begin(), bytes.end());
     }
     /// Makes the bytes durable under the temporary name.
     void sync() {
+      flush();
       if (::fsync(fd_) != 0) throw detail::posix_error("fsync", temp_.string(), errno);
     }
     /// Renames the file to its final name and makes the rename durable.
     void publish() {
+      flush();
       const int fd = std::exchange(fd_, -1);
       if (::close(fd) != 0) {
         const int err = errno;
@@ -139,6 +141,31 @@ class posix {
 
    private:
     friend class posix;
+    static constexpr std::size_t small_write = std::size_t{64} * 1024, pending_bytes = std::size_t{1} << 20;
+
+    void write_all(std::span<const std::byte> bytes) {
+      const std::byte* p = bytes.data();
+      std::size_t left = bytes.size();
+      while (left > 0) {
+        const ssize_t n = ::write(fd_, p, left);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          throw detail::posix_error("write", temp_.string(), errno);
+        }
+        if (n == 0) throw error(error_kind::io, "write " + temp_.string() + ": no progress");
+        p += n;
+        left -= static_cast<std::size_t>(n);
+      }
+    }
+    void flush() {
+      if (pending_.empty()) return;
+      struct clear_after {  // even when the write fails: a failed file is discarded, never retried
+        std::vector<std::byte>& bytes;
+        ~clear_after() { bytes.clear(); }
+      } guard{pending_};
+      write_all(pending_);
+    }
+
     writer(int fd, std::filesystem::path temp, std::filesystem::path final_path, std::vector<std::filesystem::path> dirs)
         : fd_(fd), temp_(std::move(temp)), final_(std::move(final_path)), dirs_(std::move(dirs)) {}
     void discard() noexcept {
@@ -150,6 +177,7 @@ class posix {
     int fd_ = -1;
     std::filesystem::path temp_, final_;
     std::vector<std::filesystem::path> dirs_;  // directories whose entries changed when creating parents
+    std::vector<std::byte> pending_;           // small writes not yet written (see write)
   };
 
   /// A storage rooted at `root` (created on the first write).
