@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
     }
   }
   const auto path = dir + "/libtorch-peer-" + std::to_string(::getpid()) + ".pt";
+  ::sync();
+  ::sleep(3);  // start from a settled disk, as the peers do (report.py rotates their order)
   auto t0 = clock_type::now();
   torch::save(tensors, path);
   sync_and_drop(path, false);  // fsync the file torch::save wrote

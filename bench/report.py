@@ -9,6 +9,7 @@ Debian's python3-torch and python3-matplotlib (run it with /usr/bin/python3).
 """
 import argparse
 import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -17,9 +18,13 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+LOG = []  # every command and its output, kept with the results (see main)
+
+
 def run(cmd, env=None):
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    LOG.append({"command": " ".join(cmd), "output": out})
     return out
 
 
@@ -48,8 +53,27 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--rss-gib", type=float, default=4.0)
     ap.add_argument("--quick", action="store_true", help="skip the multi-process benchmarks")
+    ap.add_argument("--only-torch", action="store_true",
+                    help="rerun only the torch peers; take everything else from the last run's results")
     a = ap.parse_args()
     b = os.path.join(ROOT, a.build, "bench")
+    # Every run's parsed figures and raw output, for the record and for --only-torch.
+    results_file = os.path.join(b, "report-results.json")
+    if a.only_torch:
+        with open(results_file) as f:
+            last = json.load(f)
+        res, scale, save_scaling = last["res"], last["scale"], last["save_scaling"]
+        LOG.extend(e for e in last["log"] if "torch" not in e["command"] and "--once" not in e["command"])
+    else:
+        res, scale, save_scaling = measure_ckpt(a, b)
+    peer = measure_torch_peers(a, b)
+    with open(results_file, "w") as f:
+        json.dump({"res": res, "peer": peer, "scale": scale, "save_scaling": save_scaling, "log": LOG}, f)
+    print(f"raw outputs in {results_file}", file=sys.stderr)
+    write_doc(a, res, peer, scale, save_scaling)
+
+
+def measure_ckpt(a, b):
     runs = str(a.runs)
     gib = str(a.gib)
     res = {}
@@ -65,17 +89,40 @@ def main():
     res["rss_raw"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "raw"]))
     res["rss_bg"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "zstd_bytegroup"]))
 
-    # The torch peer, alternated with ckpt run by run so both see the same machine.
+    scale = save_scaling = None
+    if not a.quick:
+        scale = run([f"{b}/commit_scale", "--tensors", "1000", "--ranks", "256,512,1024,2048,4096", "--runs", "4"])
+        mpi = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+        env = dict(os.environ, OMPI_MCA_btl="self,vader")
+        save_scaling = ""
+        for np in (1, 2, 4):
+            save_scaling += run(mpi + ["-np", str(np), f"{b}/save_scaling", "--mib", "512", "--runs", "5"], env=env)
+    return res, scale, save_scaling
+
+
+def measure_torch_peers(a, b):
+    """torch.save/torch.load, libtorch and ckpt on the same tensors, one process each per run.
+    Each program deletes what it wrote when it ends, and syncs and pauses 3 s before its save,
+    so every writer starts from the same settled disk; the order rotates from run to run, as
+    this VM's disk slows down whichever writer comes right after another."""
+    gib = str(a.gib)
     peer = {}
     for w in ("fp32", "bf16_adam"):
         p = {}
-        for _ in range(a.runs):
-            t = figures(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_peer.py"), "--dir", a.dir,
-                             "--workload", w, "--gib", gib]))
-            c = figures(run([f"{b}/save_load", "--dir", a.dir, "--once", w, "--gib", gib]))
-            lt = {}
+        for r in range(a.runs):
+            programs = [
+                ("torch", ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_peer.py"), "--dir", a.dir,
+                           "--workload", w, "--gib", gib]),
+                ("ckpt", [f"{b}/save_load", "--dir", a.dir, "--once", w, "--gib", gib]),
+            ]
             if os.path.exists(f"{b}/libtorch_peer"):
-                lt = figures(run([f"{b}/libtorch_peer", "--dir", a.dir, "--workload", w, "--gib", gib]))
+                programs.append(("libtorch", [f"{b}/libtorch_peer", "--dir", a.dir, "--workload", w, "--gib", gib]))
+            out = {}
+            for k in range(len(programs)):
+                name, cmd = programs[(r + k) % len(programs)]
+                out[name] = figures(run(cmd))
+            t, c, lt = out["torch"], out["ckpt"], out.get("libtorch", {})
+            if lt:
                 p.setdefault("save_vs_libtorch", []).append(lt["libtorch_save_s"][0] / c["save_s"][0])
                 p.setdefault("load_cold_vs_libtorch", []).append(lt["libtorch_load_cold_s"][0] / c["load_cold_s"][0])
                 p.setdefault("load_warm_vs_libtorch", []).append(lt["libtorch_load_warm_s"][0] / c["load_warm_s"][0])
@@ -85,17 +132,7 @@ def main():
             p.setdefault("load_cold_vs_torch", []).append(t["torch_load_cold_s"][0] / c["load_cold_s"][0])
             p.setdefault("load_warm_vs_torch", []).append(t["torch_load_warm_s"][0] / c["load_warm_s"][0])
         peer[w] = p
-
-    scale = save_scaling = None
-    if not a.quick:
-        scale = run([f"{b}/commit_scale", "--tensors", "1000", "--ranks", "256,512,1024,2048,4096", "--runs", "4"])
-        mpi = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-        env = dict(os.environ, OMPI_MCA_btl="self,vader")
-        save_scaling = ""
-        for np in (1, 2, 4):
-            save_scaling += run(mpi + ["-np", str(np), f"{b}/save_scaling", "--mib", "512", "--runs", "5"], env=env)
-
-    write_doc(a, res, peer, scale, save_scaling)
+    return peer
 
 
 def write_doc(a, res, peer, scale, save_scaling):
@@ -309,11 +346,13 @@ def write_doc(a, res, peer, scale, save_scaling):
       "`posix_fadvise(DONTNEED)` on every file (the pages are clean after the fsync, so they leave the cache); "
       "ckpt then verifies each chunk's checksum as it reads it, on as many threads as there are cores.\n")
     w("## Against torch.save and torch.load\n")
-    w("`/usr/bin/python3 bench/torch_peer.py --workload fp32|bf16_adam --gib 1`, alternated run by run with "
-      "`build/bench/save_load --once …` on the same shapes and dtypes (Debian's python3-torch "
-      f"{torch_version()}). torch.save is followed by flush and fsync; the cold load drops the file from the page "
-      "cache first and waits 3 s after `sync` (the disk slows down for seconds after a burst of writes), as "
-      "for ckpt and libtorch.\n")
+    w("`/usr/bin/python3 bench/torch_peer.py --workload fp32|bf16_adam --gib 1`, `build/bench/save_load --once …` "
+      "and `build/bench/libtorch_peer …` on the same shapes and dtypes (Debian's python3-torch "
+      f"{torch_version()}), one process each per run, in an order that rotates from run to run. Each deletes what "
+      "it wrote when it ends, and waits 3 s after `sync` before its save and again before its cold load (this "
+      "disk slows down for seconds after a burst of writes, and slows whichever writer comes next). torch.save "
+      "is followed by flush and fsync; the cold load drops the file from the page cache first, as for ckpt and "
+      "libtorch. Each × is the median over the runs of that run's ratio.\n")
     w("| workload | torch.save s | ckpt save s | × faster | torch.load cold s | ckpt load cold s | × faster "
       "| torch.load warm s | ckpt load warm s | × faster |")
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -156,6 +156,8 @@ void once(const std::string& workload, double gib, const std::filesystem::path& 
   auto s = make_state(workload, gib);
   auto back = s;
   disk_checkpointer cp{{}, dir / "ckpt_once", {.keep_last_n = 1}};
+  ::sync();
+  ::sleep(3);  // start from a settled disk, as the peers do (report.py rotates their order)
   auto t0 = clock_type::now();
   cp.save(1, s);
   print("save_s", since(t0));

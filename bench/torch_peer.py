@@ -45,12 +45,14 @@ def main():
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--workload", default="fp32")
     ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--pause", type=float, default=3.0, help="seconds between the save and the cold load")
+    ap.add_argument("--pause", type=float, default=3.0, help="seconds of quiet before the save and before the cold load")
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     state = make_state(a.workload, a.gib)
     path = os.path.join(a.dir, f"torch-peer-{os.getpid()}.pt")
     try:
+        os.sync()
+        time.sleep(a.pause)  # start from a settled disk, as the peers do (report.py rotates their order)
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             torch.save(state, f)
