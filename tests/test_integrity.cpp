@@ -324,9 +324,11 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
     }
   }
   // A short file is still `corrupt` through the bounce buffer, naming the file and the range.
-  const auto e = catch_error([&] { r.read(content.size() - 1000, std::span<std::byte>(out.data() + 16, 70000)); });
+  const auto from = content.size() - 1000;
+  const auto e = catch_error([&] { r.read(from, std::span<std::byte>(out.data() + 16, 70000)); });
   CHECK(e.kind() == ckpt::error_kind::corrupt);
-  CHECK(test::mentions(e.what(), "blob is truncated: needed bytes"));
+  CHECK(test::mentions(e.what(), "blob is truncated: needed bytes [" + std::to_string(from) + ", " +
+                                     std::to_string(from + 70000) + "), the file ends at " + std::to_string(content.size())));
 }
 
 TEST_CASE("posix writes of every size reach the file in order, small ones gathered") {

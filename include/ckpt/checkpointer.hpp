@@ -1154,10 +1154,12 @@ class checkpointer {
   ///
   /// Raw chunks that land in a host tensor as one contiguous run (what a load at the saved
   /// layout mostly reads) are read straight into it and verified there, by every worker at
-  /// once in no particular order. The other chunks are items of run_pipeline: workers read,
-  /// verify and decode them in parallel (when the Storage allows concurrent reads), and one
-  /// finishing thread copies them into their tensors through `dev`, in order, so a
-  /// DevicePolicy is never called from two threads at once.
+  /// once in no particular order (so `dev.host_view`, which only returns the tensor's
+  /// pointer, is called from several threads). The other chunks are items of run_pipeline:
+  /// workers read, verify and decode them in parallel (when the Storage allows concurrent
+  /// reads), and one finishing thread copies them into their tensors through `dev.from_host`,
+  /// in order, so a DevicePolicy's copies never run on two threads at once. With several
+  /// damaged chunks, the error reported is the first in-place one, if any.
   template <class Dev, class Verify>
   void load_tensors(const std::vector<tensor_load>& wanted, const detail::metadata& md, const std::string& tag_dir,
                     Verify& verify_file, load_result& result, Dev& dev) {
