@@ -5,11 +5,13 @@
 #include "helpers.hpp"
 
 #include <ckpt/detail/metadata.hpp>
+#include <ckpt/detail/page_copy.hpp>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <new>
 #include <random>
 #include <sstream>
 
@@ -295,9 +297,45 @@ TEST_CASE("chunks larger than one read piece are verified piece by piece through
   static_assert(ckpt::detail::opens_readers<ckpt::posix>);
 }
 
+namespace {
+/// A page-aligned block for placing test buffers at chosen distances from a file position.
+struct page_block {
+  explicit page_block(std::size_t bytes) : data(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
+  ~page_block() { ::operator delete(data, std::align_val_t{4096}); }
+  page_block(const page_block&) = delete;
+  page_block& operator=(const page_block&) = delete;
+  std::byte* data;
+};
+// Distances (modulo 4 KiB) of a buffer from its file position: inside the slow window that posix
+// bounces (1-63 past) and outside it.
+constexpr std::size_t distances[] = {0, 1, 8, 16, 31, 32, 48, 63, 64, 80, 2048, 4032, 4080, 4095};
+}  // namespace
+
+TEST_CASE("the slow page-copy window and the bounce buffer's placement") {
+  using ckpt::detail::slow_page_copy;
+  for (std::uint64_t source : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{100000} - 7, std::uint64_t{1} << 40}) {
+    CAPTURE(source);
+    CHECK_FALSE(slow_page_copy(source, source));
+    CHECK(slow_page_copy(source + 1, source));
+    CHECK(slow_page_copy(source + 16, source));
+    CHECK(slow_page_copy(source + 63, source));
+    CHECK_FALSE(slow_page_copy(source + 64, source));
+    CHECK_FALSE(slow_page_copy(source + 2048, source));
+    CHECK(slow_page_copy(source + 4096 + 16, source));  // modulo 4 KiB
+    CHECK_FALSE(slow_page_copy(source - 16, source));   // behind the source is fine
+    // The bounce buffer lies 2 KiB from the position modulo 4 KiB: far from the window in
+    // both directions, for the kernel's copy and for the memcpy to or from the user's buffer.
+    const ckpt::detail::bounce_buffer bounce(source);
+    const auto at = reinterpret_cast<std::uintptr_t>(bounce.data());
+    CHECK((at - source) % 4096 == 2048);
+    for (std::size_t d : distances) CHECK_FALSE(slow_page_copy(source + d, at));
+  }
+}
+
 TEST_CASE("posix reads into buffers at every alignment return exactly the file's bytes") {
-  // Reads whose destination is not 64-byte aligned relative to the file offset go through a
-  // bounce buffer (posix.hpp says why); they must give the same bytes at any size and offset.
+  // Reads whose destination lies just past the file offset modulo 4 KiB go through a bounce
+  // buffer (detail/page_copy.hpp says why); every read must give the same bytes at any size,
+  // offset and placement.
   test::temp_dir dir;
   std::vector<std::byte> content(std::size_t{300} * 1024 + 77);
   std::mt19937 rng(3);
@@ -308,24 +346,32 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
   }
   ckpt::posix disk(dir.path());
   const auto r = disk.open_reader("blob");
-  std::vector<std::byte> out(content.size() + 128);
+  const std::size_t block_bytes = content.size() + 8192;
+  page_block block(block_bytes);
+  const std::span<std::byte> out(block.data, block_bytes);
+  int bounced = 0;
   for (std::size_t size : {std::size_t{100}, std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, std::size_t{200} * 1024 + 13}) {
     for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4096}, std::uint64_t{100000} - 7}) {
-      for (std::size_t shift : {0, 1, 8, 16, 48, 63}) {
+      for (std::size_t distance : distances) {
         CAPTURE(size);
         CAPTURE(offset);
-        CAPTURE(shift);
+        CAPTURE(distance);
+        const std::size_t at = (offset + distance) % 4096;  // the buffer's place in its page
         std::fill(out.begin(), out.end(), std::byte{0xee});
-        const std::span<std::byte> dst(out.data() + shift, size);
+        const auto dst = out.subspan(at, size);
+        REQUIRE(ckpt::detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(dst.data()), offset) == (distance % 4096 != 0 && distance < 64));
+        if (size >= ckpt::detail::bounce_buffer::size && distance != 0 && distance < 64) ++bounced;
         r.read(offset, dst);
         CHECK(std::equal(dst.begin(), dst.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
-        CHECK(out[shift + size] == std::byte{0xee});  // not a byte past the end
+        CHECK(out[at + size] == std::byte{0xee});  // not a byte past the end
+        if (at > 0) CHECK(out[at - 1] == std::byte{0xee});  // nor before the start
       }
     }
   }
+  CHECK(bounced == 3 * 4 * 7);  // the bounce path ran, at every large size and offset
   // A short file is still `corrupt` through the bounce buffer, naming the file and the range.
   const auto from = content.size() - 1000;
-  const auto e = catch_error([&] { r.read(from, std::span<std::byte>(out.data() + 16, 70000)); });
+  const auto e = catch_error([&] { r.read(from, out.subspan((from + 16) % 4096, 70000)); });
   CHECK(e.kind() == ckpt::error_kind::corrupt);
   CHECK(test::mentions(e.what(), "blob is truncated: needed bytes [" + std::to_string(from) + ", " +
                                      std::to_string(from + 70000) + "), the file ends at " + std::to_string(content.size())));
@@ -361,6 +407,39 @@ TEST_CASE("posix writes of every size reach the file in order, small ones gather
     w.publish();
   }
   std::ifstream in(dir.path() / "out/blob", std::ios::binary);
+  const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+}
+
+TEST_CASE("posix writes from buffers at every placement reach the file exactly") {
+  // Writes whose file position lies just past the buffer modulo 4 KiB go through a bounce
+  // buffer (detail/page_copy.hpp says why); the file must hold exactly what was written, from
+  // any placement, mixed with gathered small writes that move the position off 4 KiB.
+  test::temp_dir dir;
+  ckpt::posix disk(dir.path());
+  std::vector<std::byte> want;
+  std::mt19937 rng(11);
+  const std::size_t biggest = std::size_t{200} * 1024 + 13;
+  page_block block(biggest + 8192);
+  {
+    auto w = disk.create("blob");
+    for (std::size_t size : {std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, biggest, std::size_t{5}}) {
+      for (std::size_t distance : distances) {
+        // The source starts `distance` bytes before the file position, modulo 4 KiB.
+        const std::size_t at = (want.size() + 4096 - distance % 4096) % 4096;
+        const std::span<std::byte> src(block.data + at, size);
+        for (auto& b : src) b = static_cast<std::byte>(rng());
+        w.write(src);
+        want.insert(want.end(), src.begin(), src.end());
+        w.write(std::vector<std::byte>(7, std::byte{1}));  // gathered: the position moves by 7
+        want.insert(want.end(), 7, std::byte{1});
+      }
+    }
+    w.sync();
+    w.publish();
+  }
+  std::ifstream in(dir.path() / "blob", std::ios::binary);
   const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
   REQUIRE(got.size() == want.size());
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "detail/keys.hpp"
+#include "detail/page_copy.hpp"
 #include "error.hpp"
 
 namespace ckpt {
@@ -85,7 +86,7 @@ class posix {
    public:
     writer(writer&& o) noexcept
         : fd_(std::exchange(o.fd_, -1)), temp_(std::move(o.temp_)), final_(std::move(o.final_)),
-          dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)) {}
+          dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)), position_(o.position_) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         discard();
@@ -94,6 +95,7 @@ class posix {
         final_ = std::move(o.final_);
         dirs_ = std::move(o.dirs_);
         pending_ = std::move(o.pending_);
+        position_ = o.position_;
       }
       return *this;
     }
@@ -143,6 +145,22 @@ class posix {
     static constexpr std::size_t small_write = std::size_t{64} * 1024, pending_bytes = std::size_t{1} << 20;
 
     void write_all(std::span<const std::byte> bytes) {
+      // The kernel's copy into the page cache is 3x slower when the file position lies just
+      // past the buffer modulo 4 KiB (detail/page_copy.hpp): such writes go through a bounce
+      // buffer placed where neither copy is slow.
+      if (bytes.size() >= detail::bounce_buffer::size &&
+          detail::slow_page_copy(position_, reinterpret_cast<std::uintptr_t>(bytes.data()))) {
+        const detail::bounce_buffer bounce(position_);
+        for (std::size_t at = 0; at < bytes.size(); at += detail::bounce_buffer::size) {
+          const auto part = bytes.subspan(at, std::min(detail::bounce_buffer::size, bytes.size() - at));
+          std::memcpy(bounce.data(), part.data(), part.size());
+          write_exactly({bounce.data(), part.size()});
+        }
+        return;
+      }
+      write_exactly(bytes);
+    }
+    void write_exactly(std::span<const std::byte> bytes) {
       const std::byte* p = bytes.data();
       std::size_t left = bytes.size();
       while (left > 0) {
@@ -154,6 +172,7 @@ class posix {
         if (n == 0) throw error(error_kind::io, "write " + temp_.string() + ": no progress");
         p += n;
         left -= static_cast<std::size_t>(n);
+        position_ += static_cast<std::uint64_t>(n);
       }
     }
     void flush() {
@@ -177,6 +196,7 @@ class posix {
     std::filesystem::path temp_, final_;
     std::vector<std::filesystem::path> dirs_;  // directories whose entries changed when creating parents
     std::vector<std::byte> pending_;           // small writes not yet written (see write)
+    std::uint64_t position_ = 0;               // bytes written to the file so far
   };
 
   /// A storage rooted at `root` (created on the first write).
@@ -267,19 +287,15 @@ class posix {
 
     /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
     void read(std::uint64_t offset, std::span<std::byte> out) const {
-      // The kernel copies out of the page cache with `rep movsb`, which is 2.5-3x slower when
-      // the destination is not 64-byte aligned relative to the file offset (measured on this
-      // project's AMD EPYC VM: 0.6 against 0.2 s per warm GiB on one thread; a std::vector's
-      // data sits 16 bytes into its page). Such reads go through a bounce buffer placed at the
-      // file offset's alignment, and a userspace memcpy that aligns its own stores.
-      if (out.size() >= bounce_bytes && (reinterpret_cast<std::uintptr_t>(out.data()) - offset) % 64 != 0) {
-        const auto block = std::make_unique_for_overwrite<std::byte[]>(bounce_bytes + 128);
-        const auto base = (reinterpret_cast<std::uintptr_t>(block.get()) + 63) / 64 * 64;
-        std::byte* const bounce = block.get() + (base - reinterpret_cast<std::uintptr_t>(block.get())) + offset % 64;
-        for (std::size_t at = 0; at < out.size(); at += bounce_bytes) {
-          const auto part = out.subspan(at, std::min(bounce_bytes, out.size() - at));
-          read_exactly(offset + at, {bounce, part.size()}, offset, out.size());
-          std::memcpy(part.data(), bounce, part.size());
+      // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
+      // the file offset modulo 4 KiB, as a std::vector's does (detail/page_copy.hpp): such
+      // reads go through a bounce buffer placed where neither copy is slow.
+      if (out.size() >= detail::bounce_buffer::size && detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(out.data()), offset)) {
+        const detail::bounce_buffer bounce(offset);
+        for (std::size_t at = 0; at < out.size(); at += detail::bounce_buffer::size) {
+          const auto part = out.subspan(at, std::min(detail::bounce_buffer::size, out.size() - at));
+          read_exactly(offset + at, {bounce.data(), part.size()}, offset, out.size());
+          std::memcpy(part.data(), bounce.data(), part.size());
         }
         return;
       }
@@ -287,8 +303,6 @@ class posix {
     }
 
    private:
-    static constexpr std::size_t bounce_bytes = std::size_t{64} * 1024;  // a multiple of 64
-
     /// Reads `out` at `offset`, part of the caller's `wanted` bytes at `first` (for the message).
     void read_exactly(std::uint64_t offset, std::span<std::byte> out, std::uint64_t first, std::uint64_t wanted) const {
       std::size_t done = 0;
