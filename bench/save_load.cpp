@@ -58,7 +58,7 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
   const auto raw_file = dir / "raw.bin";
   disk_checkpointer cp{{}, root, {.keep_last_n = 1}};
   state back = s;              // load targets, preallocated
-  state odd = shifted(s, 16);  // the same, 16 bytes past an alignment
+  state odd = shifted(s, 16);  // the same, 16 bytes into a page, as a std::vector's
   for (int run = 0; run < runs; ++run) {
     // Sync save, raw codec, fsync'd, against raw write + fsync of the same bytes. Whichever
     // writes second often finds the disk slower (this virtual disk's throughput comes in
@@ -98,7 +98,7 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     print("raw_read_warm_s", rw);
     print("load_warm_s", lw);
     print("load_warm_ratio", rw / lw);
-    // Warm again, into buffers 16 bytes past an alignment, as a std::vector's are; against the
+    // Warm again, into buffers 16 bytes into a page, as a std::vector's are; against the
     // same raw read into aligned buffers.
     t0 = clock_type::now();
     cp.load(odd);
