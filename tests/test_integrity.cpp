@@ -300,11 +300,11 @@ TEST_CASE("chunks larger than one read piece are verified piece by piece through
 namespace {
 /// A page-aligned block for placing test buffers at chosen distances from a file position.
 struct page_block {
-  explicit page_block(std::size_t bytes) : data(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
-  ~page_block() { ::operator delete(data, std::align_val_t{4096}); }
+  explicit page_block(std::size_t bytes) : start(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
+  ~page_block() { ::operator delete(start, std::align_val_t{4096}); }
   page_block(const page_block&) = delete;
   page_block& operator=(const page_block&) = delete;
-  std::byte* data;
+  std::byte* start;
 };
 // Distances (modulo 4 KiB) of a buffer from its file position: inside the slow window that posix
 // bounces (1-63 past) and outside it.
@@ -348,8 +348,7 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
   const auto r = disk.open_reader("blob");
   const std::size_t block_bytes = content.size() + 8192;
   page_block block(block_bytes);
-  const std::span<std::byte> out(block.data, block_bytes);
-  int bounced = 0;
+  const std::span<std::byte> out(block.start, block_bytes);
   for (std::size_t size : {std::size_t{100}, std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, std::size_t{200} * 1024 + 13}) {
     for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4096}, std::uint64_t{100000} - 7}) {
       for (std::size_t distance : distances) {
@@ -359,8 +358,9 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
         const std::size_t at = (offset + distance) % 4096;  // the buffer's place in its page
         std::fill(out.begin(), out.end(), std::byte{0xee});
         const auto dst = out.subspan(at, size);
+        // The placement is the one intended: in the bounced window exactly when meant to be.
+        // (tests/test_page_copy_routing.cpp checks which buffer the kernel is then given.)
         REQUIRE(ckpt::detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(dst.data()), offset) == (distance % 4096 != 0 && distance < 64));
-        if (size >= ckpt::detail::bounce_buffer::size && distance != 0 && distance < 64) ++bounced;
         r.read(offset, dst);
         CHECK(std::equal(dst.begin(), dst.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
         CHECK(out[at + size] == std::byte{0xee});  // not a byte past the end
@@ -368,7 +368,6 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
       }
     }
   }
-  CHECK(bounced == 3 * 4 * 7);  // the bounce path ran, at every large size and offset
   // A short file is still `corrupt` through the bounce buffer, naming the file and the range.
   const auto from = content.size() - 1000;
   const auto e = catch_error([&] { r.read(from, out.subspan((from + 16) % 4096, 70000)); });
@@ -428,7 +427,7 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
       for (std::size_t distance : distances) {
         // The source starts `distance` bytes before the file position, modulo 4 KiB.
         const std::size_t at = (want.size() + 4096 - distance % 4096) % 4096;
-        const std::span<std::byte> src(block.data + at, size);
+        const std::span<std::byte> src(block.start + at, size);
         for (auto& b : src) b = static_cast<std::byte>(rng());
         w.write(src);
         want.insert(want.end(), src.begin(), src.end());

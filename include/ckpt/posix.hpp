@@ -85,13 +85,13 @@ class posix {
   class writer {
    public:
     writer(writer&& o) noexcept
-        : fd_(std::exchange(o.fd_, -1)), temp_(std::move(o.temp_)), final_(std::move(o.final_)),
+        : fd_(std::exchange(o.fd_, -1)), temp_(std::exchange(o.temp_, {})), final_(std::move(o.final_)),
           dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)), position_(o.position_) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         discard();
         fd_ = std::exchange(o.fd_, -1);
-        temp_ = std::move(o.temp_);
+        temp_ = std::exchange(o.temp_, {});  // empty: the moved-from writer must not unlink it
         final_ = std::move(o.final_);
         dirs_ = std::move(o.dirs_);
         pending_ = std::move(o.pending_);
@@ -290,7 +290,8 @@ class posix {
       // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
       // the file offset modulo 4 KiB, as a std::vector's does (detail/page_copy.hpp): such
       // reads go through a bounce buffer placed where neither copy is slow.
-      if (out.size() >= detail::bounce_buffer::size && detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(out.data()), offset)) {
+      if (out.size() >= detail::bounce_buffer::size &&
+          detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(out.data()), offset)) {
         const detail::bounce_buffer bounce(offset);
         for (std::size_t at = 0; at < out.size(); at += detail::bounce_buffer::size) {
           const auto part = out.subspan(at, std::min(detail::bounce_buffer::size, out.size() - at));
