@@ -1,13 +1,15 @@
-// Which buffer ckpt::posix hands the kernel: its own bounce buffer for copies in the slow window
-// (detail/page_copy.hpp), the caller's buffer otherwise. The bytes are the same either way (the
-// unit suite checks them), so only the system calls can tell the two paths apart: this binary
-// replaces pread and write with wrappers that record the buffer and file position of each call
-// and then make the system call themselves. It is its own executable because the wrappers
-// replace those functions for everything linked into it.
+// Which buffer ckpt::posix (and the safetensors reader and writer) hands the kernel: its own
+// bounce buffer for copies in the slow window (detail/page_copy.hpp), the caller's buffer
+// otherwise. The bytes are the same either way (the unit suite checks them), so only the system
+// calls can tell the two paths apart: this binary replaces pread, pwrite and write with wrappers
+// that record the buffer and file position of each call and then make the system call
+// themselves. It is its own executable because the wrappers replace those functions for
+// everything linked into it.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <ckpt/interop/safetensors.hpp>
 #include <ckpt/posix.hpp>
 
 #include "helpers.hpp"
@@ -75,6 +77,11 @@ void check_bounced(const std::vector<call>& got, std::uintptr_t user, std::size_
 extern "C" ssize_t pread(int fd, void* buffer, size_t bytes, off_t offset) {
   if (recording) calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(offset)});
   return ::syscall(SYS_pread64, fd, buffer, bytes, offset);
+}
+
+extern "C" ssize_t pwrite(int fd, const void* buffer, size_t bytes, off_t offset) {
+  if (recording) calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(offset)});
+  return ::syscall(SYS_pwrite64, fd, buffer, bytes, offset);
 }
 
 extern "C" ssize_t write(int fd, const void* buffer, size_t bytes) {
@@ -171,4 +178,49 @@ TEST_CASE("posix writes from a buffer just behind the file position through the 
   const std::vector<char> file{std::istreambuf_iterator<char>(in), {}};
   REQUIRE(file.size() == want.size());
   CHECK(std::memcmp(file.data(), want.data(), want.size()) == 0);
+}
+
+TEST_CASE("safetensors reads and writes in the slow window go through the bounce buffer too") {
+  namespace st = ckpt::interop;
+  test::temp_dir dir;
+  const auto path = dir.path() / "model.safetensors";
+  const std::size_t n = 51200 + 3;  // floats: 200 KiB and 12 bytes
+  const std::size_t bytes = n * sizeof(float);
+  page_block block(bytes + 8192);
+  std::mt19937 rng(8);
+  std::vector<std::byte> want(bytes);
+  for (auto& b : want) b = static_cast<std::byte>(rng());
+  for (std::size_t distance : {0, 16, 80}) {
+    CAPTURE(distance);
+    std::uint64_t position = 0;  // of the tensor's bytes in the file
+    {
+      st::safetensors_writer w(path, {{"w", ckpt::dtype::f32, {static_cast<std::int64_t>(n)}}});
+      position = w.data_start();
+      // The source starts `distance` bytes before the file position, modulo 4 KiB.
+      const std::span<std::byte> src(block.start + (position + 4096 - distance) % 4096, bytes);
+      std::copy(want.begin(), want.end(), src.begin());
+      const auto got = record([&] { w.write("w", src); });
+      if (in_window(distance)) {
+        check_bounced(got, reinterpret_cast<std::uintptr_t>(src.data()), bytes, true);
+      } else {
+        REQUIRE(got.size() == 1);
+        CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(src.data()));
+        CHECK(got[0].position == position);
+      }
+      w.finish();
+    }
+    const st::safetensors_file f(path);
+    REQUIRE(f.data_start() + f.at("w").begin == position);
+    const std::span<std::byte> out(block.start + (position + distance) % 4096, bytes);
+    std::fill(out.begin(), out.end(), std::byte{0});
+    const auto got = record([&] { f.read("w", out); });
+    if (in_window(distance)) {
+      check_bounced(got, reinterpret_cast<std::uintptr_t>(out.data()), bytes, false);
+    } else {
+      REQUIRE(got.size() == 1);
+      CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(out.data()));
+      CHECK(got[0].position == position);
+    }
+    CHECK(std::equal(out.begin(), out.end(), want.begin()));
+  }
 }

@@ -146,19 +146,9 @@ class posix {
 
     void write_all(std::span<const std::byte> bytes) {
       // The kernel's copy into the page cache is 3x slower when the file position lies just
-      // past the buffer modulo 4 KiB (detail/page_copy.hpp): such writes go through a bounce
-      // buffer placed where neither copy is slow.
-      if (bytes.size() >= detail::bounce_buffer::size &&
-          detail::slow_page_copy(position_, reinterpret_cast<std::uintptr_t>(bytes.data()))) {
-        const detail::bounce_buffer bounce(position_);
-        for (std::size_t at = 0; at < bytes.size(); at += detail::bounce_buffer::size) {
-          const auto part = bytes.subspan(at, std::min(detail::bounce_buffer::size, bytes.size() - at));
-          std::memcpy(bounce.data(), part.data(), part.size());
-          write_exactly({bounce.data(), part.size()});
-        }
-        return;
-      }
-      write_exactly(bytes);
+      // past the buffer modulo 4 KiB (detail/page_copy.hpp): such writes are bounced.
+      detail::write_avoiding_slow_copy(position_, bytes,
+                                       [this](std::uint64_t, std::span<const std::byte> part) { write_exactly(part); });
     }
     void write_exactly(std::span<const std::byte> bytes) {
       const std::byte* p = bytes.data();
@@ -289,18 +279,10 @@ class posix {
     void read(std::uint64_t offset, std::span<std::byte> out) const {
       // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
       // the file offset modulo 4 KiB, as a std::vector's does (detail/page_copy.hpp): such
-      // reads go through a bounce buffer placed where neither copy is slow.
-      if (out.size() >= detail::bounce_buffer::size &&
-          detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(out.data()), offset)) {
-        const detail::bounce_buffer bounce(offset);
-        for (std::size_t at = 0; at < out.size(); at += detail::bounce_buffer::size) {
-          const auto part = out.subspan(at, std::min(detail::bounce_buffer::size, out.size() - at));
-          read_exactly(offset + at, {bounce.data(), part.size()}, offset, out.size());
-          std::memcpy(part.data(), bounce.data(), part.size());
-        }
-        return;
-      }
-      read_exactly(offset, out, offset, out.size());
+      // reads are bounced. A short file is reported for the whole range asked for.
+      detail::read_avoiding_slow_copy(offset, out, [&](std::uint64_t at, std::span<std::byte> part) {
+        read_exactly(at, part, offset, out.size());
+      });
     }
 
    private:

@@ -1,11 +1,14 @@
 #pragma once
 /// @file detail/page_copy.hpp
-/// When the kernel's copy between a user buffer and the page cache runs slowly, and the bounce
-/// buffer that avoids it (posix's reader and writer use both).
+/// When the kernel's copy between a user buffer and the page cache runs slowly, and how reads
+/// and writes avoid it (posix's reader and writer, and the torch and safetensors files).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <span>
 
 namespace ckpt::detail {
 
@@ -50,5 +53,38 @@ class bounce_buffer {
   std::unique_ptr<std::byte[]> block_;
   std::byte* data_;
 };
+
+/// Reads `out` from file position `offset` with `read_exactly(position, span)`, which must fill
+/// the span or throw. A read of 64 KiB or more in the slow window goes through a bounce buffer,
+/// 64 KiB at a time; any other goes straight into `out` in one call.
+template <class ReadExactly>
+void read_avoiding_slow_copy(std::uint64_t offset, std::span<std::byte> out, ReadExactly&& read_exactly) {
+  if (out.size() < bounce_buffer::size || !slow_page_copy(reinterpret_cast<std::uintptr_t>(out.data()), offset)) {
+    read_exactly(offset, out);
+    return;
+  }
+  const bounce_buffer bounce(offset);
+  for (std::size_t at = 0; at < out.size(); at += bounce_buffer::size) {
+    const auto part = out.subspan(at, std::min(bounce_buffer::size, out.size() - at));
+    read_exactly(offset + at, std::span<std::byte>(bounce.data(), part.size()));
+    std::memcpy(part.data(), bounce.data(), part.size());
+  }
+}
+
+/// Writes `bytes` at file position `position` with `write_exactly(position, span)`, which must
+/// write the whole span or throw; the counterpart of read_avoiding_slow_copy.
+template <class WriteExactly>
+void write_avoiding_slow_copy(std::uint64_t position, std::span<const std::byte> bytes, WriteExactly&& write_exactly) {
+  if (bytes.size() < bounce_buffer::size || !slow_page_copy(position, reinterpret_cast<std::uintptr_t>(bytes.data()))) {
+    write_exactly(position, bytes);
+    return;
+  }
+  const bounce_buffer bounce(position);
+  for (std::size_t at = 0; at < bytes.size(); at += bounce_buffer::size) {
+    const auto part = bytes.subspan(at, std::min(bounce_buffer::size, bytes.size() - at));
+    std::memcpy(bounce.data(), part.data(), part.size());
+    write_exactly(position + at, std::span<const std::byte>(bounce.data(), part.size()));
+  }
+}
 
 }  // namespace ckpt::detail

@@ -43,6 +43,7 @@
 // cereal configures it, so every translation unit of a program sees one rapidjson.
 #include <cereal/archives/json.hpp>
 
+#include "../detail/page_copy.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
 #include "../names.hpp"
@@ -340,6 +341,12 @@ class st_output {
   ~st_output() { discard(); }
 
   void pwrite_all(std::uint64_t offset, std::span<const std::byte> bytes) {
+    // Bounced where the kernel's copy would be slow (detail/page_copy.hpp).
+    ckpt::detail::write_avoiding_slow_copy(offset, bytes, [this](std::uint64_t at, std::span<const std::byte> part) {
+      pwrite_direct(at, part);
+    });
+  }
+  void pwrite_direct(std::uint64_t offset, std::span<const std::byte> bytes) {
     while (!bytes.empty()) {
       const ssize_t n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
       if (n < 0) {
@@ -868,8 +875,8 @@ inline std::string rj_string(const rj::Value& v, const std::string& file, std::s
   return s;
 }
 
-/// Reads exactly `out.size()` bytes at `offset`; a short read means the file shrank.
-inline void pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
+/// Reads exactly `out.size()` bytes at `offset` into `out` itself; a short read means the file shrank.
+inline void pread_all_direct(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
   while (!out.empty()) {
     const ssize_t n = ::pread(fd, out.data(), out.size(), static_cast<off_t>(offset));
     if (n < 0) {
@@ -882,6 +889,14 @@ inline void pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, co
     out = out.subspan(static_cast<std::size_t>(n));
     offset += static_cast<std::uint64_t>(n);
   }
+}
+
+/// Reads exactly `out.size()` bytes at `offset`; bounced where the kernel's copy would be slow
+/// (detail/page_copy.hpp).
+inline void pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
+  ckpt::detail::read_avoiding_slow_copy(offset, out, [&](std::uint64_t at, std::span<std::byte> part) {
+    pread_all_direct(fd, part, at, file);
+  });
 }
 
 }  // namespace detail

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/page_copy.hpp"
 #include "../error.hpp"
 #include "../names.hpp"
 #include "../posix.hpp"
@@ -90,8 +91,8 @@ inline std::uint64_t le_get(const std::byte* p, int n) noexcept {
   return v;
 }
 
-/// Reads exactly `out.size()` bytes at `offset` (handles short reads and EINTR).
-inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
+/// Reads exactly `out.size()` bytes at `offset` into `out` itself (handles short reads and EINTR).
+inline void pread_exact_direct(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
   std::size_t done = 0;
   while (done < out.size()) {
     const std::size_t want = std::min<std::size_t>(out.size() - done, std::size_t{1} << 30);
@@ -106,8 +107,16 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
   }
 }
 
-/// Writes all of `bytes` (handles short writes and EINTR).
-inline void write_all(int fd, std::span<const std::byte> bytes, const std::string& file) {
+/// Reads exactly `out.size()` bytes at `offset` (handles short reads and EINTR; bounced where the
+/// kernel's copy would be slow, detail/page_copy.hpp).
+inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& file) {
+  ckpt::detail::read_avoiding_slow_copy(offset, out, [&](std::uint64_t at, std::span<std::byte> part) {
+    pread_exact_direct(fd, part, at, file);
+  });
+}
+
+/// Writes all of `bytes` from `bytes` itself (handles short writes and EINTR).
+inline void write_all_direct(int fd, std::span<const std::byte> bytes, const std::string& file) {
   const std::byte* p = bytes.data();
   std::size_t left = bytes.size();
   while (left > 0) {
@@ -120,6 +129,19 @@ inline void write_all(int fd, std::span<const std::byte> bytes, const std::strin
     p += n;
     left -= static_cast<std::size_t>(n);
   }
+}
+
+/// Writes all of `bytes` at the file's position (handles short writes and EINTR; bounced where
+/// the kernel's copy would be slow, detail/page_copy.hpp: the position is asked for only when
+/// the write is large enough to be bounced).
+inline void write_all(int fd, std::span<const std::byte> bytes, const std::string& file) {
+  const off_t position = bytes.size() >= ckpt::detail::bounce_buffer::size ? ::lseek(fd, 0, SEEK_CUR) : 0;
+  if (position < 0) {  // not seekable: no position to compare
+    write_all_direct(fd, bytes, file);
+    return;
+  }
+  ckpt::detail::write_avoiding_slow_copy(static_cast<std::uint64_t>(position), bytes,
+                                         [&](std::uint64_t, std::span<const std::byte> part) { write_all_direct(fd, part, file); });
 }
 
 }  // namespace detail
