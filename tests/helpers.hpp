@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +43,16 @@ class temp_dir {
 
  private:
   std::filesystem::path path_;
+};
+
+/// A page-aligned block, for placing buffers at chosen distances from a file position
+/// (detail/page_copy.hpp's slow window).
+struct page_block {
+  explicit page_block(std::size_t bytes) : start(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
+  ~page_block() { ::operator delete(start, std::align_val_t{4096}); }
+  page_block(const page_block&) = delete;
+  page_block& operator=(const page_block&) = delete;
+  std::byte* start;
 };
 
 /// Storage factories for TEST_CASE_TEMPLATE: each owns what its storage needs.

@@ -298,14 +298,6 @@ TEST_CASE("chunks larger than one read piece are verified piece by piece through
 }
 
 namespace {
-/// A page-aligned block for placing test buffers at chosen distances from a file position.
-struct page_block {
-  explicit page_block(std::size_t bytes) : start(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
-  ~page_block() { ::operator delete(start, std::align_val_t{4096}); }
-  page_block(const page_block&) = delete;
-  page_block& operator=(const page_block&) = delete;
-  std::byte* start;
-};
 // Distances (modulo 4 KiB) of a buffer from its file position: inside the slow window that posix
 // bounces (1-63 past) and outside it.
 constexpr std::size_t distances[] = {0, 1, 8, 16, 31, 32, 48, 63, 64, 80, 2048, 4032, 4080, 4095};
@@ -347,7 +339,7 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
   ckpt::posix disk(dir.path());
   const auto r = disk.open_reader("blob");
   const std::size_t block_bytes = content.size() + 8192;
-  page_block block(block_bytes);
+  test::page_block block(block_bytes);
   const std::span<std::byte> out(block.start, block_bytes);
   for (std::size_t size : {std::size_t{100}, std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, std::size_t{200} * 1024 + 13}) {
     for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4096}, std::uint64_t{100000} - 7}) {
@@ -420,7 +412,7 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
   std::vector<std::byte> want;
   std::mt19937 rng(11);
   const std::size_t biggest = std::size_t{200} * 1024 + 13;
-  page_block block(biggest + 8192);
+  test::page_block block(biggest + 8192);
   {
     auto w = disk.create("blob");
     for (std::size_t size : {std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, biggest, std::size_t{5}}) {

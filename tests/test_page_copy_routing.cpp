@@ -47,14 +47,6 @@ std::vector<call> record(F&& f) {
   return calls;
 }
 
-struct page_block {
-  explicit page_block(std::size_t bytes) : start(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}))) {}
-  ~page_block() { ::operator delete(start, std::align_val_t{4096}); }
-  page_block(const page_block&) = delete;
-  page_block& operator=(const page_block&) = delete;
-  std::byte* start;
-};
-
 bool in_window(std::size_t distance) { return distance % 4096 != 0 && distance % 4096 < 64; }
 
 /// Every call used a buffer 2 KiB from its file position (the bounce buffer), none of them the
@@ -103,7 +95,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
   }
   ckpt::posix disk(dir.path());
   const auto r = disk.open_reader("blob");
-  page_block block(content.size() + 8192);
+  test::page_block block(content.size() + 8192);
   const std::size_t size = std::size_t{200} * 1024 + 13;
   for (std::uint64_t offset : {std::uint64_t{4096}, std::uint64_t{5000}}) {
     for (std::size_t distance : {0, 1, 16, 63, 64, 80, 2048, 4080}) {
@@ -134,7 +126,7 @@ TEST_CASE("posix writes from a buffer just behind the file position through the 
   test::temp_dir dir;
   ckpt::posix disk(dir.path());
   const std::size_t size = std::size_t{200} * 1024 + 13;
-  page_block block(size + 8192);
+  test::page_block block(size + 8192);
   std::mt19937 rng(6);
   std::vector<std::byte> want;
   std::uint64_t position = 0;  // what the writer has written, gathered bytes included
@@ -186,7 +178,7 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
   const auto path = dir.path() / "model.safetensors";
   const std::size_t n = 51200 + 3;  // floats: 200 KiB and 12 bytes
   const std::size_t bytes = n * sizeof(float);
-  page_block block(bytes + 8192);
+  test::page_block block(bytes + 8192);
   std::mt19937 rng(8);
   std::vector<std::byte> want(bytes);
   for (auto& b : want) b = static_cast<std::byte>(rng());
