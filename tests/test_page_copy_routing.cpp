@@ -64,6 +64,14 @@ void check_bounced(const std::vector<call>& got, std::uintptr_t user, std::size_
   CHECK(moved == bytes);
 }
 
+/// One call, straight from or into the caller's buffer, at `position`, moving all `bytes`.
+void check_direct(const std::vector<call>& got, std::uintptr_t user, std::uint64_t position, std::size_t bytes) {
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].buffer == user);
+  CHECK(got[0].position == position);
+  CHECK(got[0].bytes == bytes);
+}
+
 }  // namespace
 
 extern "C" ssize_t pread(int fd, void* buffer, size_t bytes, off_t offset) {
@@ -107,10 +115,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
       if (in_window(distance)) {
         check_bounced(got, user, size, false);
       } else {
-        REQUIRE(got.size() == 1);  // one pread, straight into the caller's buffer
-        CHECK(got[0].buffer == user);
-        CHECK(got[0].position == offset);
-        CHECK(got[0].bytes == size);
+        check_direct(got, user, offset, size);
       }
       CHECK(std::equal(out.begin(), out.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
     }
@@ -118,8 +123,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
   // Reads under 64 KiB are never bounced: the slow copy costs little there.
   const std::span<std::byte> small(block.start + 16, 1000);
   const auto got = record([&] { r.read(0, small); });
-  REQUIRE(got.size() == 1);
-  CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(small.data()));
+  check_direct(got, reinterpret_cast<std::uintptr_t>(small.data()), 0, small.size());
 }
 
 TEST_CASE("posix writes from a buffer just behind the file position through the bounce buffer, others directly") {
@@ -156,10 +160,7 @@ TEST_CASE("posix writes from a buffer just behind the file position through the 
     if (in_window(distance)) {
       check_bounced(got, user, size, true);
     } else {
-      REQUIRE(got.size() == 1);
-      CHECK(got[0].buffer == user);
-      CHECK(got[0].position == position);
-      CHECK(got[0].bytes == size);
+      check_direct(got, user, position, size);
     }
     want.insert(want.end(), src.begin(), src.end());
     position += size;
@@ -195,9 +196,7 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
       if (in_window(distance)) {
         check_bounced(got, reinterpret_cast<std::uintptr_t>(src.data()), bytes, true);
       } else {
-        REQUIRE(got.size() == 1);
-        CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(src.data()));
-        CHECK(got[0].position == position);
+        check_direct(got, reinterpret_cast<std::uintptr_t>(src.data()), position, bytes);
       }
       w.finish();
     }
@@ -209,9 +208,7 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
     if (in_window(distance)) {
       check_bounced(got, reinterpret_cast<std::uintptr_t>(out.data()), bytes, false);
     } else {
-      REQUIRE(got.size() == 1);
-      CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(out.data()));
-      CHECK(got[0].position == position);
+      check_direct(got, reinterpret_cast<std::uintptr_t>(out.data()), position, bytes);
     }
     CHECK(std::equal(out.begin(), out.end(), want.begin()));
   }
