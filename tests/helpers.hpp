@@ -3,6 +3,9 @@
 // storage factories so one test body runs against every Storage.
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ckpt/ckpt.hpp>
@@ -54,6 +57,47 @@ struct page_block {
   page_block& operator=(const page_block&) = delete;
   std::byte* start;
 };
+
+/// Whether the file system under `dir` takes O_DIRECT, asked without ckpt's code.
+inline bool takes_o_direct(const std::filesystem::path& dir) {
+  const auto probe = dir / "o_direct_probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+  std::filesystem::remove(probe);
+  return fd >= 0;
+}
+
+/// How many of the file's pages are in the page cache (mincore on an untouched mapping).
+inline std::size_t resident_pages(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st{};
+  std::size_t count = 0;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    const auto bytes = static_cast<std::size_t>(st.st_size);
+    void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      std::vector<unsigned char> pages((bytes + page - 1) / page);
+      if (::mincore(m, bytes, pages.data()) == 0)
+        for (auto p : pages) count += p & 1;
+      ::munmap(m, bytes);
+    }
+  }
+  ::close(fd);
+  return count;
+}
+
+/// Makes the file's bytes durable and drops them from the page cache (they are clean then), so
+/// that the next read of them goes to the disk. Returns false where the kernel kept some.
+inline bool drop_from_cache(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return resident_pages(file) == 0;
+}
 
 /// Storage factories for TEST_CASE_TEMPLATE: each owns what its storage needs.
 struct posix_backend {

@@ -8,6 +8,7 @@
 #include <ckpt/detail/page_copy.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -324,24 +325,57 @@ TEST_CASE("the slow page-copy window and the bounce buffer's placement") {
   }
 }
 
+TEST_CASE("copy_avoiding_slow_copy copies exactly, in the slow window and out of it") {
+  // In the window it copies in 2 KiB pieces (page_copy.hpp says why): every size around the
+  // piece boundaries, at every distance, must give exactly the source's bytes and nothing more.
+  test::page_block block(3 * 65536);
+  std::byte* source = block.start;
+  std::byte* space = block.start + 65536;
+  std::mt19937 rng(17);
+  for (std::size_t i = 0; i < 65536; ++i) source[i] = static_cast<std::byte>(rng());
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{2047}, std::size_t{2048}, std::size_t{2049},
+                           std::size_t{6000}, std::size_t{65536} - 64}) {
+    for (std::size_t distance : distances) {
+      CAPTURE(size);
+      CAPTURE(distance);
+      std::fill(space, space + 2 * 65536, std::byte{0xee});
+      std::byte* destination = space + distance + 8;  // 8: room to see a stray byte before it
+      ckpt::detail::copy_avoiding_slow_copy(destination, source + 8, size);
+      CHECK(std::memcmp(destination, source + 8, size) == 0);
+      CHECK(destination[-1] == std::byte{0xee});
+      CHECK(destination[size] == std::byte{0xee});
+    }
+  }
+}
+
 TEST_CASE("posix reads into buffers at every alignment return exactly the file's bytes") {
   // Reads whose destination lies just past the file offset modulo 4 KiB go through a bounce
-  // buffer (detail/page_copy.hpp says why); every read must give the same bytes at any size,
+  // buffer (detail/page_copy.hpp says why); reads of bytes not in the page cache go with
+  // O_DIRECT through an aligned buffer. Every read must give the same bytes at any size,
   // offset and placement.
   test::temp_dir dir;
-  std::vector<std::byte> content(std::size_t{300} * 1024 + 77);
+  std::vector<std::byte> content(std::size_t{600} * 1024 + 77);
   std::mt19937 rng(3);
   for (auto& b : content) b = static_cast<std::byte>(rng());
   {
     std::ofstream f(dir.path() / "blob", std::ios::binary);
     f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
   }
-  ckpt::posix disk(dir.path());
+  bool direct = false;
+  SUBCASE("through the page cache") {}
+  SUBCASE("with O_DIRECT, from the disk") { direct = true; }
+  CAPTURE(direct);
+  if (direct && !test::drop_from_cache(dir.path() / "blob")) {
+    MESSAGE("the kernel keeps " << dir.str() << "'s files in its page cache: no O_DIRECT reads to check");
+    return;
+  }
+  ckpt::posix disk(dir.path(), {.direct_reads = direct});
   const auto r = disk.open_reader("blob");
-  const std::size_t block_bytes = content.size() + 8192;
+  const std::size_t block_bytes = std::size_t{300} * 1024 + 8192;
   test::page_block block(block_bytes);
   const std::span<std::byte> out(block.start, block_bytes);
-  for (std::size_t size : {std::size_t{100}, std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, std::size_t{200} * 1024 + 13}) {
+  for (std::size_t size : {std::size_t{100}, std::size_t{64} * 1024, std::size_t{64} * 1024 + 1, std::size_t{200} * 1024 + 13,
+                           std::size_t{290} * 1024 + 5}) {
     for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4096}, std::uint64_t{100000} - 7}) {
       for (std::size_t distance : distances) {
         CAPTURE(size);
@@ -353,26 +387,46 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
         // The placement is the one intended: in the bounced window exactly when meant to be.
         // (tests/test_page_copy_routing.cpp checks which buffer the kernel is then given.)
         REQUIRE(ckpt::detail::slow_page_copy(reinterpret_cast<std::uintptr_t>(dst.data()), offset) == (distance % 4096 != 0 && distance < 64));
+        // With O_DIRECT, each read starts from a dropped cache (a small read through the cache
+        // would bring the rest of the file in with it, by readahead), and reads of 64 KiB or more
+        // leave nothing cached: they went to the disk, or came from the reader's own buffer.
+        if (direct) test::drop_from_cache(dir.path() / "blob");
         r.read(offset, dst);
+        if (direct && size >= 64 * 1024) CHECK(test::resident_pages(dir.path() / "blob") == 0);
         CHECK(std::equal(dst.begin(), dst.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
         CHECK(out[at + size] == std::byte{0xee});  // not a byte past the end
         if (at > 0) CHECK(out[at - 1] == std::byte{0xee});  // nor before the start
       }
     }
   }
+  // The last bytes of the file, which ends mid-block, with O_DIRECT as through the cache.
+  const auto tail = std::span<std::byte>(block.start + 16, std::size_t{100} * 1024 + 77);
+  r.read(content.size() - tail.size(), tail);
+  CHECK(std::equal(tail.begin(), tail.end(), content.end() - static_cast<std::ptrdiff_t>(tail.size())));
   // A short file is still `corrupt` through the bounce buffer, naming the file and the range.
   const auto from = content.size() - 1000;
   const auto e = catch_error([&] { r.read(from, out.subspan((from + 16) % 4096, 70000)); });
   CHECK(e.kind() == ckpt::error_kind::corrupt);
   CHECK(test::mentions(e.what(), "blob is truncated: needed bytes [" + std::to_string(from) + ", " +
                                      std::to_string(from + 70000) + "), the file ends at " + std::to_string(content.size())));
+  // And when the file shrinks under an open reader (whose view of its size is then stale), the
+  // O_DIRECT read finds the end and reports it the same way.
+  std::filesystem::resize_file(dir.path() / "blob", 400 * 1024);
+  test::drop_from_cache(dir.path() / "blob");
+  const auto e2 = catch_error([&] { r.read(300 * 1024, out.subspan(16, 200 * 1024)); });
+  CHECK(e2.kind() == ckpt::error_kind::corrupt);
+  CHECK(test::mentions(e2.what(), "blob is truncated: needed bytes [307200, 512000), the file ends at 409600"));
 }
 
 TEST_CASE("posix writes of every size reach the file in order, small ones gathered") {
-  // Writes under 64 KiB are gathered in a buffer (posix.hpp says why); sync and publish must
-  // write what is gathered, and big writes must not overtake it.
+  // Through the page cache, writes under 64 KiB are gathered in a buffer (posix.hpp says why);
+  // with O_DIRECT, everything goes through the aligned buffer. Either way sync and publish must
+  // write what is held, and big writes must not overtake it.
+  bool direct = false;
+  SUBCASE("through the page cache") {}
+  SUBCASE("with O_DIRECT") { direct = true; }
   test::temp_dir dir;
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.direct_writes = direct});
   std::vector<std::byte> want;
   std::mt19937 rng(9);
   {
@@ -406,9 +460,13 @@ TEST_CASE("posix writes of every size reach the file in order, small ones gather
 TEST_CASE("posix writes from buffers at every placement reach the file exactly") {
   // Writes whose file position lies just past the buffer modulo 4 KiB go through a bounce
   // buffer (detail/page_copy.hpp says why); the file must hold exactly what was written, from
-  // any placement, mixed with gathered small writes that move the position off 4 KiB.
+  // any placement, mixed with gathered small writes that move the position off 4 KiB. With
+  // O_DIRECT, the same writes are copied into the aligned buffer instead.
+  bool direct = false;
+  SUBCASE("through the page cache") {}
+  SUBCASE("with O_DIRECT") { direct = true; }
   test::temp_dir dir;
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.direct_writes = direct});
   std::vector<std::byte> want;
   std::mt19937 rng(11);
   const std::size_t biggest = std::size_t{200} * 1024 + 13;
@@ -434,6 +492,66 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
   const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
   REQUIRE(got.size() == want.size());
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+}
+
+TEST_CASE("posix O_DIRECT writes: files of every size around the block and buffer boundaries") {
+  // posix_options::direct_writes writes whole 4 KiB blocks from an 8 MiB aligned buffer (or from
+  // the caller's buffer when that is aligned), and the last partial block through the page
+  // cache. Every file size around those boundaries, written in one piece, in uneven pieces and
+  // from aligned sources, must come out exactly.
+  test::temp_dir dir;
+  const bool supported = test::takes_o_direct(dir.path());
+  if (!supported) MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: only the fallback is tested");
+  ckpt::posix disk(dir.path());  // O_DIRECT is the default
+  constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
+  std::mt19937 rng(21);
+  test::page_block aligned(2 * buffer + 2 * block);
+  int file = 0;
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, block - 1, block, block + 1, buffer - 1, buffer, buffer + 1,
+                           buffer + block, 2 * buffer + 17}) {
+    for (int how = 0; how < 3; ++how) {  // one write; uneven pieces; aligned sources, in place
+      CAPTURE(size);
+      CAPTURE(how);
+      const std::span<std::byte> want(aligned.start, size);
+      for (auto& b : want) b = static_cast<std::byte>(rng());
+      const auto key = "f" + std::to_string(file++);
+      {
+        auto w = disk.create(key);
+        CHECK(w.writes_direct() == supported);
+        if (how == 0) {
+          w.write(want);
+        } else if (how == 1) {
+          for (std::size_t at = 0; at < size;) {
+            const auto n = std::min<std::size_t>(size - at, 1 + rng() % (3 * block));
+            w.write(want.subspan(at, n));
+            at += n;
+          }
+        } else {
+          // Whole aligned blocks first (written from in place), then an odd piece that puts the
+          // rest through the buffer, then aligned blocks again (now copied: the buffer is not empty).
+          const auto first = std::min(size, 2 * block);
+          w.write(want.first(first));
+          const auto odd = std::min<std::size_t>(size - first, 5);
+          w.write(want.subspan(first, odd));
+          w.write(want.subspan(first + odd));
+        }
+        w.sync();
+        CHECK_FALSE(w.writes_direct());  // sync wrote the tail through the page cache
+        w.publish();
+      }
+      std::ifstream in(dir.path() / key, std::ios::binary);
+      const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
+      REQUIRE(got.size() == size);
+      CHECK(std::memcmp(got.data(), want.data(), size) == 0);
+    }
+  }
+  // A writer destroyed unpublished discards its file, O_DIRECT or not.
+  {
+    auto w = disk.create("dropped");
+    w.write(std::span<const std::byte>(aligned.start, buffer + 100));
+  }
+  CHECK_FALSE(disk.size("dropped"));
+  CHECK(disk.list("").size() == static_cast<std::size_t>(file));
 }
 
 // The seeded mutation campaign (issue 5): random damage of every kind to every kind of file.

@@ -1,9 +1,9 @@
 // Which buffer ckpt::posix (and the safetensors reader and writer) hands the kernel: its own
 // bounce buffer for copies in the slow window (detail/page_copy.hpp), the caller's buffer
-// otherwise. The bytes are the same either way (the unit suite checks them), so only the system
-// calls can tell the two paths apart: this binary replaces pread, pwrite and write with wrappers
-// that record the buffer and file position of each call and then make the system call
-// themselves. It is its own executable because the wrappers replace those functions for
+// otherwise; and, for posix's O_DIRECT writes, aligned whole blocks. The bytes are the same
+// either way (the unit suite checks them), so only the system calls can tell the paths apart:
+// this binary replaces pread, pwrite and write with wrappers that record the buffer, file
+// position and O_DIRECT flag of each call and then make the system call themselves. It is its own executable because the wrappers replace those functions for
 // everything linked into it.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -14,6 +14,7 @@
 
 #include "helpers.hpp"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -33,8 +34,10 @@ struct call {
   std::uintptr_t buffer;
   std::size_t bytes;
   std::uint64_t position;  // in the file
+  bool o_direct = false;   // the descriptor had O_DIRECT
 };
 bool recording = false;
+bool refuse_o_direct = false;  // write fails with EINVAL on O_DIRECT descriptors, as some file systems do
 std::vector<call> calls;
 
 /// Records the calls `f` makes.
@@ -75,7 +78,12 @@ void check_direct(const std::vector<call>& got, std::uintptr_t user, std::uint64
 }  // namespace
 
 extern "C" ssize_t pread(int fd, void* buffer, size_t bytes, off_t offset) {
-  if (recording) calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(offset)});
+  const bool o_direct = (::fcntl(fd, F_GETFL) & O_DIRECT) != 0;
+  if (recording) calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(offset), o_direct});
+  if (o_direct && refuse_o_direct) {
+    errno = EINVAL;
+    return -1;
+  }
   return ::syscall(SYS_pread64, fd, buffer, bytes, offset);
 }
 
@@ -85,14 +93,20 @@ extern "C" ssize_t pwrite(int fd, const void* buffer, size_t bytes, off_t offset
 }
 
 extern "C" ssize_t write(int fd, const void* buffer, size_t bytes) {
+  const bool o_direct = (::fcntl(fd, F_GETFL) & O_DIRECT) != 0;
   if (recording) {
     const auto position = ::lseek(fd, 0, SEEK_CUR);
-    calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(position)});
+    calls.push_back({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(position), o_direct});
+  }
+  if (o_direct && refuse_o_direct) {
+    errno = EINVAL;
+    return -1;
   }
   return ::syscall(SYS_write, fd, buffer, bytes);
 }
 
 TEST_CASE("posix reads into a buffer just past the file offset through the bounce buffer, others directly") {
+  // Through the page cache (the file was just written, and direct_reads is off anyway).
   test::temp_dir dir;
   std::vector<std::byte> content(std::size_t{300} * 1024);
   std::mt19937 rng(5);
@@ -101,7 +115,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
     std::ofstream f(dir.path() / "blob", std::ios::binary);
     f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
   }
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.direct_reads = false});
   const auto r = disk.open_reader("blob");
   test::page_block block(content.size() + 8192);
   const std::size_t size = std::size_t{200} * 1024 + 13;
@@ -128,7 +142,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
 
 TEST_CASE("posix writes from a buffer just behind the file position through the bounce buffer, others directly") {
   test::temp_dir dir;
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.direct_writes = false});  // through the page cache
   const std::size_t size = std::size_t{200} * 1024 + 13;
   test::page_block block(size + 8192);
   std::mt19937 rng(6);
@@ -212,4 +226,267 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
     }
     CHECK(std::equal(out.begin(), out.end(), want.begin()));
   }
+}
+
+namespace {
+/// The whole file at `path`.
+std::vector<char> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+}  // namespace
+
+TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only the last partial block goes through the page cache") {
+  test::temp_dir dir;
+  if (!test::takes_o_direct(dir.path())) {
+    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
+    return;
+  }
+  ckpt::posix disk(dir.path());  // O_DIRECT is the default
+  constexpr std::size_t buffer = std::size_t{8} << 20;
+  const std::size_t size = 2 * buffer + 3 * 4096 + 100;
+  test::page_block block(size + 8192);
+  std::mt19937 rng(12);
+  const std::span<std::byte> src(block.start + 16, size);  // a std::vector's placement
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  auto w = disk.create("blob");
+  REQUIRE(w.writes_direct());
+  auto got = record([&] {
+    w.write(src.first(4096 + 7));  // into the buffer
+    w.write(src.subspan(4096 + 7));
+  });
+  // Two full buffers went out with O_DIRECT, from an aligned buffer that is not the caller's.
+  REQUIRE(got.size() == 2);
+  std::uintptr_t own = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].o_direct);
+    CHECK(got[i].bytes == buffer);
+    CHECK(got[i].position == i * buffer);
+    CHECK(got[i].buffer % 4096 == 0);
+    if (i == 0) own = got[i].buffer;
+    CHECK(got[i].buffer == own);  // the same buffer, reused
+  }
+  CHECK((own + buffer <= reinterpret_cast<std::uintptr_t>(src.data()) || own >= reinterpret_cast<std::uintptr_t>(src.data()) + size));
+  // sync writes the three whole blocks left with O_DIRECT and the last 100 bytes without.
+  got = record([&] { w.sync(); });
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].o_direct);
+  CHECK(got[0].bytes == 3 * 4096);
+  CHECK(got[0].position == 2 * buffer);
+  CHECK(got[0].buffer == own);
+  CHECK_FALSE(got[1].o_direct);
+  CHECK(got[1].bytes == 100);
+  CHECK(got[1].position == 2 * buffer + 3 * 4096);
+  w.publish();
+  const auto file = file_bytes(dir.path() / "blob");
+  REQUIRE(file.size() == size);
+  CHECK(std::memcmp(file.data(), src.data(), size) == 0);
+
+  // An aligned caller's buffer (pinned staging memory is) is written from in place, whole
+  // blocks at a time, while the writer's own buffer is empty.
+  const std::span<std::byte> aligned(block.start, 5 * 4096 + 10);
+  auto w2 = disk.create("aligned");
+  got = record([&] {
+    w2.write(aligned);
+    w2.publish();
+  });
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].o_direct);
+  CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(aligned.data()));
+  CHECK(got[0].bytes == 5 * 4096);
+  CHECK_FALSE(got[1].o_direct);
+  CHECK(got[1].bytes == 10);
+  const auto file2 = file_bytes(dir.path() / "aligned");
+  REQUIRE(file2.size() == aligned.size());
+  CHECK(std::memcmp(file2.data(), aligned.data(), aligned.size()) == 0);
+}
+
+TEST_CASE("posix O_DIRECT writes that the file system refuses go through the page cache instead") {
+  test::temp_dir dir;
+  if (!test::takes_o_direct(dir.path())) {
+    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
+    return;
+  }
+  ckpt::posix disk(dir.path());
+  constexpr std::size_t buffer = std::size_t{8} << 20;
+  const std::size_t size = buffer + 5000;
+  test::page_block block(size + 4096);
+  std::mt19937 rng(13);
+  const std::span<std::byte> src(block.start + 16, size);
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  for (int aligned_source = 0; aligned_source < 2; ++aligned_source) {
+    CAPTURE(aligned_source);
+    const auto from = aligned_source ? std::span<std::byte>(block.start, size) : src;
+    if (aligned_source) std::memmove(from.data(), src.data(), size);
+    auto w = disk.create("blob");
+    REQUIRE(w.writes_direct());
+    refuse_o_direct = true;
+    const auto got = record([&] {
+      w.write(from);
+      CHECK_FALSE(w.writes_direct());  // refused once, then through the page cache for good
+      w.sync();
+    });
+    refuse_o_direct = false;
+    w.publish();
+    // The refused O_DIRECT write, then every byte through the page cache from position 0.
+    REQUIRE(got.size() >= 2);
+    CHECK(got[0].o_direct);
+    std::uint64_t position = 0;
+    for (std::size_t i = 1; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK_FALSE(got[i].o_direct);
+      CHECK(got[i].position == position);
+      position += got[i].bytes;
+    }
+    CHECK(position == size);
+    const auto file = file_bytes(dir.path() / "blob");
+    REQUIRE(file.size() == size);
+    CHECK(std::memcmp(file.data(), from.data(), size) == 0);
+  }
+}
+
+TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached bytes through the cache") {
+  test::temp_dir dir;
+  if (!test::takes_o_direct(dir.path())) {
+    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
+    return;
+  }
+  std::vector<std::byte> content(std::size_t{6} << 20);
+  std::mt19937 rng(14);
+  for (auto& b : content) b = static_cast<std::byte>(rng());
+  const auto path = dir.path() / "blob";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+  }
+  if (!test::drop_from_cache(path)) {
+    MESSAGE("the kernel keeps " << dir.str() << "'s files in its page cache: nothing to check here");
+    return;
+  }
+  ckpt::posix disk(dir.path());  // O_DIRECT reads are the default
+  const auto r = disk.open_reader("blob");
+  REQUIRE(r.reads_direct());
+  test::page_block block(content.size() + 8192);
+  const std::size_t size = std::size_t{256} * 1024;
+
+  // From the disk: the whole blocks that hold the range, into an aligned buffer (not the
+  // caller's), at aligned offsets; read that way, the bytes do not enter the page cache.
+  const std::uint64_t offset = 4096 + 100;
+  const std::span<std::byte> out(block.start + 16, size);
+  const auto user = [](std::span<std::byte> s) {
+    return std::pair{reinterpret_cast<std::uintptr_t>(s.data()), reinterpret_cast<std::uintptr_t>(s.data()) + s.size()};
+  };
+  const auto check_o_direct = [&](const std::vector<call>& got, std::uint64_t from, std::uint64_t to, std::span<std::byte> dst) {
+    std::uint64_t next = from;
+    for (const auto& c : got) {
+      CHECK(c.o_direct);
+      CHECK(c.buffer % 4096 == 0);
+      CHECK(c.position == next);
+      CHECK(c.bytes % 4096 == 0);
+      CHECK((c.buffer + c.bytes <= user(dst).first || c.buffer >= user(dst).second));
+      next += c.bytes;
+    }
+    CHECK(next == to);
+  };
+  auto got = record([&] { r.read(offset, out); });
+  REQUIRE(got.size() == 1);
+  check_o_direct(got, 4096, (offset + size + 4095) / 4096 * 4096, out);
+  CHECK(std::equal(out.begin(), out.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
+  CHECK(test::resident_pages(path) == 0);
+  // Bytes it already holds are copied out without another read.
+  const auto again = out.first(1000);
+  got = record([&] { r.read(offset + 5000, again); });
+  CHECK(got.empty());
+  CHECK(std::equal(again.begin(), again.end(), content.begin() + static_cast<std::ptrdiff_t>(offset) + 5000));
+
+  // A range announced with will_read is read ahead, 4 MiB per read, never past its end; its
+  // pieces then come out of the buffer, however small.
+  const std::uint64_t chunk_at = 512 * 1024, chunk = (std::uint64_t{5} << 20) + 300;  // past what it holds
+  r.will_read(chunk_at, chunk);
+  std::vector<call> all;
+  std::vector<std::byte> got_bytes;
+  for (std::uint64_t at = 0; at < chunk; at += size) {
+    const auto piece = out.first(std::min<std::uint64_t>(size, chunk - at));
+    got = record([&] { r.read(chunk_at + at, piece); });
+    all.insert(all.end(), got.begin(), got.end());
+    got_bytes.insert(got_bytes.end(), piece.begin(), piece.end());
+  }
+  REQUIRE(all.size() == 2);  // 4 MiB, then the rest
+  CHECK(all[0].bytes == std::size_t{4} << 20);
+  check_o_direct(all, chunk_at, (chunk_at + chunk + 4095) / 4096 * 4096, out);
+  REQUIRE(got_bytes.size() == chunk);
+  CHECK(std::equal(got_bytes.begin(), got_bytes.end(), content.begin() + static_cast<std::ptrdiff_t>(chunk_at)));
+  CHECK(test::resident_pages(path) == 0);
+
+  // Cached bytes: one read through the cache, straight into the caller's buffer.
+  {
+    std::ifstream warm(path, std::ios::binary);
+    std::vector<char> sink(content.size());
+    warm.read(sink.data(), static_cast<std::streamsize>(sink.size()));
+  }
+  REQUIRE(test::resident_pages(path) == content.size() / 4096);
+  const std::span<std::byte> aligned_out(block.start, size);
+  got = record([&] { r.read(1 << 20, aligned_out); });
+  REQUIRE(got.size() == 1);
+  CHECK_FALSE(got[0].o_direct);
+  CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(aligned_out.data()));
+  CHECK(std::equal(aligned_out.begin(), aligned_out.end(), content.begin() + (1 << 20)));
+
+  // Reads under 64 KiB go through the cache even when the bytes are not in it.
+  REQUIRE(test::drop_from_cache(path));
+  const std::span<std::byte> small(block.start, 60000);
+  got = record([&] { r.read(4096, small); });
+  REQUIRE(got.size() == 1);
+  CHECK_FALSE(got[0].o_direct);
+  CHECK(std::equal(small.begin(), small.end(), content.begin() + 4096));
+
+  // A file system that refuses the O_DIRECT read: the same bytes through the cache, and every
+  // later read of that reader too.
+  REQUIRE(test::drop_from_cache(path));
+  const auto r2 = disk.open_reader("blob");
+  refuse_o_direct = true;
+  got = record([&] { r2.read(offset, out); });
+  refuse_o_direct = false;
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].o_direct);  // refused
+  CHECK_FALSE(got[1].o_direct);
+  CHECK(got[1].position == offset);
+  CHECK_FALSE(r2.reads_direct());
+  CHECK(std::equal(out.begin(), out.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
+}
+
+namespace {
+struct nine_mib {
+  std::vector<float> w = std::vector<float>(std::size_t{9} << 18);  // chunks of 4, 4 and 1 MiB
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", w);
+  }
+};
+}  // namespace
+
+TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 MiB, not in 256 KiB pieces") {
+  // The load reads and hashes a chunk in 256 KiB pieces; the checkpointer announces the chunk
+  // to the posix reader (will_read), which reads it ahead in one O_DIRECT read.
+  test::temp_dir dir;
+  if (!test::takes_o_direct(dir.path())) {
+    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
+    return;
+  }
+  nine_mib saved, back;
+  test::fill_random(saved.w, 15);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 1}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  REQUIRE(test::drop_from_cache(shard));
+  const auto got = record([&] { cp.load(back); });
+  CHECK(back.w == saved.w);
+  std::vector<std::size_t> direct_reads;
+  for (const auto& c : got)
+    if (c.o_direct) direct_reads.push_back(c.bytes);
+  CHECK(direct_reads == std::vector<std::size_t>{std::size_t{4} << 20, std::size_t{4} << 20, std::size_t{1} << 20});
+  // Only the header, index and footer were read through the cache (with the kernel's readahead
+  // around them), not the 2304 pages of the tensor.
+  CHECK(test::resident_pages(shard) < 64);
 }

@@ -1124,17 +1124,20 @@ class checkpointer {
   /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
   std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
                             std::span<std::byte> out) const {
-    const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
-      if constexpr (detail::opens_readers<Store>) {
-        if (file.index != index || !file.reader) {
-          file.reader.reset();
-          file.reader.emplace(storage_.open_reader(key));
-          file.index = index;
-        }
-        file.reader->read(at, part);
-      } else {
-        storage_.read(key, at, part);
+    if constexpr (detail::opens_readers<Store>) {
+      if (file.index != index || !file.reader) {
+        file.reader.reset();
+        file.reader.emplace(storage_.open_reader(key));
+        file.index = index;
       }
+      // A reader that reads ahead (posix with O_DIRECT) learns how far it may.
+      if constexpr (requires { file.reader->will_read(offset, out.size()); }) file.reader->will_read(offset, out.size());
+    }
+    const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
+      if constexpr (detail::opens_readers<Store>)
+        file.reader->read(at, part);
+      else
+        storage_.read(key, at, part);
     };
     constexpr std::size_t piece = detail::read_piece_bytes<Store>();
     if (out.size() <= piece) {

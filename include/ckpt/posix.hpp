@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,6 +66,27 @@ inline std::vector<std::filesystem::path> make_dirs(const std::filesystem::path&
 }
 }  // namespace detail
 
+/// How `ckpt::posix` moves bytes to and from its files.
+///
+/// @code
+/// ckpt::posix disk("/ckpt/run1", {.direct_writes = false});  // write through the page cache
+/// @endcode
+struct posix_options {
+  /// Write files with O_DIRECT, straight from aligned buffers to the disk, where the file
+  /// system allows it (elsewhere, and for the last partial 4 KiB of each file, through the page
+  /// cache as usual). A checkpoint is written once and rarely read back soon, so caching it
+  /// only evicts pages the training job wants; and filling the cache costs a kernel copy per
+  /// byte into newly allocated pages: on this project's VM, `dd` wrote 2.5 GiB and fsync'd it
+  /// in 12-14 s through the page cache and in 2.0-3.0 s with O_DIRECT.
+  bool direct_writes = true;
+  /// Read with O_DIRECT the bytes that are not in the page cache (mincore(2) tells), in reads
+  /// of 64 KiB or more: a load after a restart finds its checkpoint on the disk, and reading it
+  /// through the page cache first allocates a page for every 4 KiB and then copies it. On
+  /// this project's VM, `dd` read 2.5 GiB from a dropped cache in 8.3-8.9 s through the page
+  /// cache and in 3.2-5.7 s with O_DIRECT. Bytes already cached are read from the cache.
+  bool direct_reads = true;
+};
+
 /// A checkpoint root on a POSIX file system. Files are written under a temporary name,
 /// fsync'd, renamed into place and their directory fsync'd, so a crash leaves either the old
 /// file or the complete new one.
@@ -86,7 +108,8 @@ class posix {
    public:
     writer(writer&& o) noexcept
         : fd_(std::exchange(o.fd_, -1)), temp_(std::exchange(o.temp_, {})), final_(std::move(o.final_)),
-          dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)), position_(o.position_) {}
+          dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)), position_(o.position_), direct_(o.direct_),
+          block_(std::move(o.block_)), filled_(o.filled_) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         discard();
@@ -96,6 +119,9 @@ class posix {
         dirs_ = std::move(o.dirs_);
         pending_ = std::move(o.pending_);
         position_ = o.position_;
+        direct_ = o.direct_;
+        block_ = std::move(o.block_);
+        filled_ = o.filled_;
       }
       return *this;
     }
@@ -108,6 +134,10 @@ class posix {
     /// make a system call per chunk, and ext4 zeroes the rest of a new page-cache folio on
     /// every small write into it (a fifth of the time of saving 10 000 tensors of 1 KiB).
     void write(std::span<const std::byte> bytes) {
+      if (direct_) {
+        write_direct(bytes);
+        return;
+      }
       if (bytes.size() >= small_write) {
         flush();
         write_all(bytes);
@@ -140,9 +170,84 @@ class posix {
       for (const auto& d : dirs_) detail::fsync_dir(d);
     }
 
+    /// True while the file is written with O_DIRECT (posix_options::direct_writes, on a file
+    /// system that takes it): false once the last partial block went through the page cache.
+    bool writes_direct() const noexcept { return direct_; }
+
    private:
     friend class posix;
     static constexpr std::size_t small_write = std::size_t{64} * 1024, pending_bytes = std::size_t{1} << 20;
+    /// O_DIRECT writes whole blocks of this many bytes from a buffer aligned to it, at file
+    /// positions that are multiples of it (4 KiB: every Linux file system's and disk's limit).
+    static constexpr std::size_t direct_alignment = 4096;
+    /// The O_DIRECT buffer. `dd` on this project's VM wrote 2.5 GiB with O_DIRECT in 2.0-2.3 s
+    /// in 16 MiB writes and in 2.3-2.6 s in 1 or 4 MiB ones.
+    static constexpr std::size_t direct_buffer_bytes = std::size_t{8} << 20;
+    struct aligned_delete {
+      void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{direct_alignment}); }
+    };
+
+    /// Appends through the O_DIRECT buffer, writing it out whenever it fills. A caller's buffer
+    /// that is itself aligned (pinned staging memory is) is written from in place.
+    void write_direct(std::span<const std::byte> bytes) {
+      if (!block_)
+        block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
+      while (!bytes.empty()) {
+        if (filled_ == 0 && reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 &&
+            bytes.size() >= direct_alignment) {
+          const auto whole = bytes.size() / direct_alignment * direct_alignment;
+          write_blocks(bytes.first(whole));
+          bytes = bytes.subspan(whole);
+          if (!direct_) {  // the file system refused O_DIRECT: the rest goes through the page cache
+            write(bytes);
+            return;
+          }
+          continue;
+        }
+        const auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
+        std::memcpy(block_.get() + filled_, bytes.data(), n);
+        filled_ += n;
+        bytes = bytes.subspan(n);
+        if (filled_ == direct_buffer_bytes) {
+          filled_ = 0;
+          write_blocks({block_.get(), direct_buffer_bytes});
+          if (!direct_) {
+            write(bytes);
+            return;
+          }
+        }
+      }
+    }
+    /// Writes whole blocks with O_DIRECT at the current (aligned) position. A file system that
+    /// refuses (EINVAL: no O_DIRECT, or stricter alignment) gets them, and the rest of the file,
+    /// through the page cache instead.
+    void write_blocks(std::span<const std::byte> blocks) {
+      const std::byte* p = blocks.data();
+      std::size_t left = blocks.size();
+      while (left > 0 && direct_) {
+        const ssize_t n = ::write(fd_, p, left);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno != EINVAL) throw detail::posix_error("write", temp_.string(), errno);
+          stop_direct();
+          break;
+        }
+        if (n == 0) throw error(error_kind::io, "write " + temp_.string() + ": no progress");
+        p += n;
+        left -= static_cast<std::size_t>(n);
+        position_ += static_cast<std::uint64_t>(n);
+        // A short write leaves the position unaligned; the next O_DIRECT write then fails with
+        // EINVAL and the rest goes through the page cache.
+      }
+      if (left > 0) write_all({p, left});
+    }
+    /// Clears O_DIRECT on the descriptor: what is written from now on goes through the page cache.
+    void stop_direct() {
+      direct_ = false;
+      const int flags = ::fcntl(fd_, F_GETFL);
+      if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0)
+        throw detail::posix_error("fcntl (clear O_DIRECT)", temp_.string(), errno);
+    }
 
     void write_all(std::span<const std::byte> bytes) {
       // The kernel's copy into the page cache is 3x slower when the file position lies just
@@ -166,6 +271,17 @@ class posix {
       }
     }
     void flush() {
+      if (direct_) {
+        // Whole blocks with O_DIRECT; the last partial block through the page cache, which ends
+        // direct writing (the file is complete: sync and publish are all that is left).
+        const auto whole = filled_ / direct_alignment * direct_alignment, tail = filled_ - whole;
+        filled_ = 0;
+        if (whole > 0) write_blocks({block_.get(), whole});
+        if (direct_) stop_direct();
+        if (tail > 0) write_all({block_.get() + whole, tail});
+        block_.reset();
+        return;
+      }
       if (pending_.empty()) return;
       struct clear_after {  // even when the write fails: a failed file is discarded, never retried
         std::vector<std::byte>& bytes;
@@ -174,8 +290,9 @@ class posix {
       write_all(pending_);
     }
 
-    writer(int fd, std::filesystem::path temp, std::filesystem::path final_path, std::vector<std::filesystem::path> dirs)
-        : fd_(fd), temp_(std::move(temp)), final_(std::move(final_path)), dirs_(std::move(dirs)) {}
+    writer(int fd, std::filesystem::path temp, std::filesystem::path final_path, std::vector<std::filesystem::path> dirs,
+           bool direct)
+        : fd_(fd), temp_(std::move(temp)), final_(std::move(final_path)), dirs_(std::move(dirs)), direct_(direct) {}
     void discard() noexcept {
       if (fd_ >= 0) ::close(fd_);
       fd_ = -1;
@@ -187,14 +304,19 @@ class posix {
     std::vector<std::filesystem::path> dirs_;  // directories whose entries changed when creating parents
     std::vector<std::byte> pending_;           // small writes not yet written (see write)
     std::uint64_t position_ = 0;               // bytes written to the file so far
+    bool direct_ = false;                      // the descriptor has O_DIRECT (see write_direct)
+    std::unique_ptr<std::byte[], aligned_delete> block_;  // the O_DIRECT buffer, allocated on first use
+    std::size_t filled_ = 0;                              // bytes of block_ not yet written
   };
 
   /// A storage rooted at `root` (created on the first write).
-  posix(std::filesystem::path root) : root_(std::move(root)) {}  // NOLINT: implicit on purpose
-  posix(const char* root) : root_(root) {}                     // NOLINT
-  posix(const std::string& root) : root_(root) {}              // NOLINT
+  posix(std::filesystem::path root, posix_options options = {})  // NOLINT: implicit on purpose
+      : root_(std::move(root)), options_(options) {}
+  posix(const char* root, posix_options options = {}) : root_(root), options_(options) {}         // NOLINT
+  posix(const std::string& root, posix_options options = {}) : root_(root), options_(options) {}  // NOLINT
 
   const std::filesystem::path& root() const noexcept { return root_; }
+  const posix_options& options() const noexcept { return options_; }
 
   /// Holds the root's writer lock (an advisory `flock` on `<root>/.ckpt_lock`) until destroyed.
   /// The kernel drops it when its holder exits, however it exits, so a killed job never
@@ -262,21 +384,36 @@ class posix {
     temp += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) throw detail::posix_error("create", temp.string(), errno);
-    return writer(fd, std::move(temp), final_path, std::move(dirs));
+    // O_DIRECT is set after the open, not passed to it: a file system without it fails such an
+    // open only after creating the file, and the file would be left behind.
+    bool direct = false;
+    if (options_.direct_writes) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      direct = flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+    }
+    return writer(fd, std::move(temp), final_path, std::move(dirs), direct);
   }
 
-  /// One file open for reading: several reads without reopening it (open_reader).
+  /// One file open for reading: several reads without reopening it (open_reader). One reader
+  /// serves one thread at a time; several readers of one file may read at once.
   class reader {
    public:
-    reader(int fd, std::filesystem::path p) noexcept : fd_(fd), path_(std::move(p)) {}
-    reader(reader&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
+    reader(int fd, std::filesystem::path p, bool direct = false) noexcept : fd_(fd), path_(std::move(p)), direct_(direct) {}
+    reader(reader&& o) noexcept
+        : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), direct_(o.direct_),
+          direct_fd_(std::exchange(o.direct_fd_, -1)), map_(std::exchange(o.map_, nullptr)),
+          map_bytes_(std::exchange(o.map_bytes_, 0)), block_(std::move(o.block_)), held_(std::exchange(o.held_, {})),
+          hint_(o.hint_), pages_(std::move(o.pages_)) {}
     reader& operator=(reader&&) = delete;
     ~reader() {
       if (fd_ >= 0) ::close(fd_);
+      if (direct_fd_ >= 0) ::close(direct_fd_);
+      if (map_ != nullptr) ::munmap(map_, map_bytes_);
     }
 
     /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
     void read(std::uint64_t offset, std::span<std::byte> out) const {
+      if (direct_ && read_direct(offset, out)) return;
       // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
       // the file offset modulo 4 KiB, as a std::vector's does (detail/page_copy.hpp): such
       // reads are bounced. A short file is reported for the whole range asked for.
@@ -285,7 +422,117 @@ class posix {
       });
     }
 
+    /// Says that the next reads cover `bytes` bytes at `offset`, in order (a load reads a chunk
+    /// in pieces of 256 KiB, hashing each while it is in the CPU's cache). With O_DIRECT, the
+    /// reader then reads up to 4 MiB of that range at once and hands the pieces out of its
+    /// buffer: the disk reads large requests at twice the speed of 256 KiB ones (a 2.5 GiB
+    /// state, from a dropped cache, on this project's VM: 4.1 s in 256 KiB reads on two
+    /// threads, 2.3 s in 8 MiB ones on one), and the range keeps it from reading past what
+    /// the load wants.
+    void will_read(std::uint64_t offset, std::uint64_t bytes) const noexcept { hint_ = {offset, offset + bytes}; }
+
+    /// True while reads of bytes not in the page cache use O_DIRECT (posix_options::direct_reads,
+    /// on a file system that takes it).
+    bool reads_direct() const noexcept { return direct_; }
+
    private:
+    static constexpr std::size_t direct_alignment = 4096;
+    /// Smaller reads (headers, footers, values) go through the page cache, unless they are
+    /// pieces of a larger range announced with will_read.
+    static constexpr std::size_t direct_min = std::size_t{64} * 1024;
+    /// The most bytes one O_DIRECT read brings that were asked for (see will_read). The aligned
+    /// buffer it lands in holds that and the partial block at its start.
+    static constexpr std::size_t direct_read_bytes = std::size_t{4} << 20;
+    static constexpr std::size_t direct_buffer_bytes = direct_read_bytes + direct_alignment;
+    static constexpr std::uint64_t align(std::uint64_t bytes) noexcept {
+      return (bytes + direct_alignment - 1) / direct_alignment * direct_alignment;
+    }
+    struct aligned_delete {
+      void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{direct_alignment}); }
+    };
+
+    /// Whether every page of the range is in the page cache (so a read through it costs a
+    /// copy, not a trip to the disk). Asked with mincore(2) on a mapping of the file that is
+    /// never touched. Where the kernel will not say (it reports every page resident for files
+    /// the caller may not write to), reads go through the page cache as without O_DIRECT.
+    bool cached(std::uint64_t offset, std::size_t bytes) const {
+      if (map_ == nullptr) {
+        struct stat st{};
+        if (::fstat(fd_, &st) != 0 || st.st_size <= 0) return true;
+        void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, fd_, 0);
+        if (m == MAP_FAILED) {  // no mapping, no residency: the page cache it is
+          direct_ = false;
+          return true;
+        }
+        map_ = m;
+        map_bytes_ = static_cast<std::size_t>(st.st_size);
+      }
+      if (offset >= map_bytes_ || bytes > map_bytes_ - offset) return true;  // past the end: the read reports it
+      static const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+      const auto first = offset / page * page;
+      pages_.resize((offset + bytes - first + page - 1) / page);
+      if (::mincore(static_cast<std::byte*>(map_) + first, offset + bytes - first, pages_.data()) != 0) return true;
+      return std::all_of(pages_.begin(), pages_.end(), [](unsigned char p) { return (p & 1) != 0; });
+    }
+
+    /// Reads `out` at `offset` with O_DIRECT, unless its bytes are in the page cache: from the
+    /// aligned buffer where an earlier read already brought them, or by reading into it the
+    /// whole blocks that hold them (and, within the range will_read announced, up to 4 MiB
+    /// ahead), then copying them out. Returns false, having read nothing, when the bytes are
+    /// cached or the file system refuses O_DIRECT (which ends direct reading).
+    bool read_direct(std::uint64_t offset, std::span<std::byte> out) const {
+      if (out.empty()) return false;
+      const auto end = offset + out.size();
+      if (offset >= held_.first && end <= held_.second) {
+        copy_out(offset, out);
+        return true;
+      }
+      const bool announced = offset >= hint_.first && end <= hint_.second;
+      if ((announced ? hint_.second - hint_.first : out.size()) < direct_min || cached(offset, out.size())) return false;
+      if (direct_fd_ < 0) {
+        direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (direct_fd_ < 0) {
+          direct_ = false;
+          return false;
+        }
+        block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
+      }
+      auto at = offset / direct_alignment * direct_alignment;
+      for (bool first = true; at < end; first = false) {  // one read, unless `out` is over 4 MiB
+        const auto until = announced ? hint_.second : end;  // read ahead only in the announced range
+        // 4 MiB of the bytes wanted, and the partial block before them; so reads of a chunk in
+        // pieces that divide 4 MiB start each read where the last one ended.
+        const auto want = std::min(align(std::max(offset, at) - at + direct_read_bytes), align(until - at));
+        std::size_t got = 0;  // fewer than `want` only at the end of the file
+        while (got < want) {
+          const ssize_t n = ::pread(direct_fd_, block_.get() + got, want - got, static_cast<off_t>(at + got));
+          if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EINVAL && first && got == 0) {
+              direct_ = false;  // refused before anything was copied out: the page cache instead
+              return false;
+            }
+            throw detail::posix_error("read", path_.string(), errno);
+          }
+          got += static_cast<std::size_t>(n);
+          if (n == 0 || got % direct_alignment != 0) break;  // the end of the file
+        }
+        held_ = {at, at + got};
+        const auto to = std::min<std::uint64_t>(at + want, end);
+        if (at + got < to)
+          throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(offset) + ", " +
+                                               std::to_string(end) + "), the file ends at " + std::to_string(at + got));
+        const auto from = std::max(at, offset);
+        copy_out(from, out.subspan(from - offset, to - from));
+        at += want;
+      }
+      return true;
+    }
+    /// Copies the held bytes at file offset `offset` into `out`.
+    void copy_out(std::uint64_t offset, std::span<std::byte> out) const noexcept {
+      detail::copy_avoiding_slow_copy(out.data(), block_.get() + (offset - held_.first), out.size());
+    }
+
     /// Reads `out` at `offset`, part of the caller's `wanted` bytes at `first` (for the message).
     void read_exactly(std::uint64_t offset, std::span<std::byte> out, std::uint64_t first, std::uint64_t wanted) const {
       std::size_t done = 0;
@@ -306,6 +553,15 @@ class posix {
 
     int fd_;
     std::filesystem::path path_;
+    // O_DIRECT reads: set up on first use, so a reader of headers and footers costs nothing more.
+    mutable bool direct_ = false;
+    mutable int direct_fd_ = -1;
+    mutable void* map_ = nullptr;  // the file mapped for mincore, never touched
+    mutable std::size_t map_bytes_ = 0;
+    mutable std::unique_ptr<std::byte[], aligned_delete> block_;
+    mutable std::pair<std::uint64_t, std::uint64_t> held_{0, 0};  // the file's bytes in block_ [first, second)
+    mutable std::pair<std::uint64_t, std::uint64_t> hint_{0, 0};  // the range will_read announced
+    mutable std::vector<unsigned char> pages_;                    // mincore's answer
   };
 
   /// Opens the file at `key` for reading; a missing file is `not_found`.
@@ -318,7 +574,7 @@ class posix {
       if (err == ENOENT) throw error(error_kind::not_found, "no such file: " + p.string());
       throw detail::posix_error("open", p.string(), err);
     }
-    return reader(fd, std::move(p));
+    return reader(fd, std::move(p), options_.direct_reads);
   }
 
   /// Reads exactly `out.size()` bytes at `offset`; a file too short is `corrupt` (truncated).
@@ -385,6 +641,7 @@ class posix {
  private:
   std::filesystem::path path(std::string_view key) const { return key.empty() ? root_ : root_ / std::string(key); }
   std::filesystem::path root_;
+  posix_options options_;
 };
 
 }  // namespace ckpt

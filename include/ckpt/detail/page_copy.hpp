@@ -54,6 +54,18 @@ class bounce_buffer {
   std::byte* data_;
 };
 
+/// memcpy, except that a copy in the slow window (destination 1-63 bytes past the source,
+/// modulo 4 KiB) goes in 2 KiB pieces: glibc copies pieces that small with vector loads and
+/// stores, not with `rep movsb`, which is what is slow there.
+inline void copy_avoiding_slow_copy(std::byte* destination, const std::byte* source, std::size_t bytes) noexcept {
+  if (!slow_page_copy(reinterpret_cast<std::uintptr_t>(destination), reinterpret_cast<std::uintptr_t>(source))) {
+    std::memcpy(destination, source, bytes);
+    return;
+  }
+  constexpr std::size_t piece = 2048;
+  for (std::size_t at = 0; at < bytes; at += piece) std::memcpy(destination + at, source + at, std::min(piece, bytes - at));
+}
+
 /// Reads `out` from file position `offset` with `read_exactly(position, span)`, which must fill
 /// the span or throw. A read of 64 KiB or more in the slow window goes through a bounce buffer,
 /// 64 KiB at a time; any other goes straight into `out` in one call.
