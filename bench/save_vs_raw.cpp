@@ -2,9 +2,13 @@
 // conditions this machine offers. This VM's disk absorbs a burst of writes quickly and then
 // slows down for seconds: measured back to back, whichever of two 1 GiB writers goes second
 // takes 2-3x longer, whoever it is, even after a pause of seconds; what comes right after
-// deleting files is fast. So each writer starts the same way: everything the other wrote is
-// deleted (outside the timing), then sync and a pause; and rounds alternate which goes first. Prints, per round, the wall time of each and the time spent inside write(2)'s
-// caller-visible calls of the raw writer; the medians at the end.
+// deleting files is fast. So each writer starts the same way: everything the others wrote is
+// deleted (outside the timing), then sync and a pause; and rounds rotate which goes first.
+// Two raw writers: write(2) through the page cache, then fsync (the limit), and O_DIRECT
+// from an aligned buffer, then fsync (the limit for a writer that bypasses the page cache, as
+// ckpt::posix does by default); and their cold reads, read(2) and O_DIRECT. Prints, per round,
+// the wall time of each and the time spent inside the write(2) calls of the first raw writer;
+// the medians at the end.
 //
 //   bench/save_vs_raw [--workload fp32|bf16_adam] [--dir /work/benchdir] [--gib 1] [--rounds 6] [--chunk-mib 4] [--threads 0] [--pause 3]
 
@@ -58,69 +62,79 @@ int main(int argc, char** argv) {
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{
       {}, root / "ckpt", {.chunk_bytes = chunk_mib << 20, .threads = threads}};
   auto back = s;  // load targets
-  std::vector<double> raw_s, save_s, ratio, read_ratio;
-  std::printf("%6s %8s %10s %8s %8s %11s %11s %8s\n", "round", "raw_s", "in_write_s", "save_s", "ratio", "read_cold_s",
-              "load_cold_s", "ratio");
+  const auto raw_file = root / "raw.bin", direct_file = root / "raw_direct.bin";
+  std::vector<double> raw_s, save_s, ratio, read_ratio, direct_ratio, direct_read_ratio;
+  std::printf("%6s %8s %10s %9s %8s %8s %11s %13s %11s %8s\n", "round", "raw_s", "in_write_s", "direct_s", "save_s",
+              "ratio", "read_cold_s", "direct_read_s", "load_cold_s", "ratio");
   for (int r = 0; r < rounds; ++r) {
-    double raw = 0, in_write = 0, saved = 0;
+    double raw = 0, in_write = 0, direct = 0, saved = 0;
     auto settle = [&] {  // give each writer the same start: nothing of ours on disk, quiet
       for (const auto& e : std::filesystem::directory_iterator(root / "ckpt"))
         if (e.path().filename().string().starts_with("global_step")) std::filesystem::remove_all(e.path());
-      std::filesystem::remove(root / "raw.bin");
+      std::filesystem::remove(raw_file);
+      std::filesystem::remove(direct_file);
       ::sync();
       ::sleep(pause);
     };
-    auto do_raw = [&] {
+    auto timed = [&](double& seconds, auto&& write) {
       settle();
       const auto t0 = clock_type::now();
-      in_write = raw_write(s, root / "raw.bin");
-      raw = since(t0);
+      write();
+      seconds = since(t0);
     };
-    auto do_save = [&] {
-      settle();
-      const auto t0 = clock_type::now();
-      cp.save(static_cast<std::uint64_t>(r + 1), s);
-      saved = since(t0);
-    };
-    if (r % 2 == 0) do_raw(), do_save();
-    else do_save(), do_raw();
-    // Cold reads of both, each from a settled disk with its file out of the page cache, order
-    // alternating. Whichever output the second writer's settling deleted is written again first.
-    if (r % 2 == 0) (void)raw_write(s, root / "raw.bin");
-    else cp.save(static_cast<std::uint64_t>(r + 1), s);
-    double read = 0, loaded = 0;
-    auto do_read = [&] {
-      drop_cache(root / "raw.bin");
+    const auto save = [&] { cp.save(static_cast<std::uint64_t>(r + 1), s); };
+    // Three writers, in an order that rotates from round to round: raw write(2) + fsync,
+    // raw O_DIRECT + fsync (what posix_options::direct_writes does, without the checkpoint),
+    // and ckpt's save.
+    for (int k = 0; k < 3; ++k) {
+      switch ((r + k) % 3) {
+        case 0: timed(raw, [&] { in_write = raw_write(s, raw_file); }); break;
+        case 1: timed(direct, [&] { raw_write_direct(s, direct_file); }); break;
+        default: timed(saved, save); break;
+      }
+    }
+    // Cold reads of all three, each from a settled disk with its file out of the page cache,
+    // order rotating. What the later writers' settling deleted is written again first.
+    if (!std::filesystem::exists(raw_file)) (void)raw_write(s, raw_file);
+    if (!std::filesystem::exists(direct_file)) raw_write_direct(s, direct_file);
+    if (!std::filesystem::exists(root / "ckpt" / ("global_step" + std::to_string(r + 1)))) save();
+    double read = 0, direct_read = 0, loaded = 0;
+    auto cold = [&](double& seconds, const std::filesystem::path& what, auto&& read_it) {
+      drop_cache(what);
       ::sync();
       ::sleep(pause);
       const auto t0 = clock_type::now();
-      raw_read(back, root / "raw.bin");
-      read = since(t0);
+      read_it();
+      seconds = since(t0);
     };
-    auto do_load = [&] {
-      drop_cache(root / "ckpt");
-      ::sync();
-      ::sleep(pause);
-      const auto t0 = clock_type::now();
-      cp.load(back);
-      loaded = since(t0);
-    };
-    if (r % 2 == 0) do_read(), do_load();
-    else do_load(), do_read();
-    std::printf("%6d %8.3f %10.3f %8.3f %8.3f %11.3f %11.3f %8.3f\n", r, raw, in_write, saved, raw / saved, read, loaded,
-                read / loaded);
+    for (int k = 0; k < 3; ++k) {
+      switch ((r + k) % 3) {
+        case 0: cold(read, raw_file, [&] { raw_read(back, raw_file); }); break;
+        case 1: cold(direct_read, direct_file, [&] { raw_read_direct(back, direct_file); }); break;
+        default: cold(loaded, root / "ckpt", [&] { cp.load(back); }); break;
+      }
+    }
+    std::printf("%6d %8.3f %10.3f %9.3f %8.3f %8.3f %11.3f %13.3f %11.3f %8.3f\n", r, raw, in_write, direct, saved,
+                raw / saved, read, direct_read, loaded, read / loaded);
     std::fflush(stdout);
     if (r > 0) {  // round 0 warms up
       raw_s.push_back(raw), save_s.push_back(saved), ratio.push_back(raw / saved), read_ratio.push_back(read / loaded);
+      direct_ratio.push_back(direct / saved), direct_read_ratio.push_back(direct_read / loaded);
       std::printf("settled_save_ratio %.6g\n", raw / saved);  // for bench/report.py
       std::printf("settled_load_cold_ratio %.6g\n", read / loaded);
+      std::printf("settled_save_vs_direct_ratio %.6g\n", direct / saved);
+      std::printf("settled_load_cold_vs_direct_ratio %.6g\n", direct_read / loaded);
+      std::printf("settled_raw_write_s %.6g\nsettled_direct_write_s %.6g\nsettled_save_s %.6g\n", raw, direct, saved);
+      std::printf("settled_raw_read_s %.6g\nsettled_direct_read_s %.6g\nsettled_load_s %.6g\n", read, direct_read, loaded);
     }
   }
   if (!back.same_bytes(s)) {
     std::fprintf(stderr, "loaded bytes differ from the saved ones\n");
     return 1;
   }
-  std::printf("median of rounds 1-%d: raw %.3f s, save %.3f s, raw/save %.3f; cold read/load %.3f\n", rounds - 1,
-              median(raw_s), median(save_s), median(ratio), median(read_ratio));
+  std::printf("median of rounds 1-%d: raw %.3f s, save %.3f s, raw/save %.3f; cold read/load %.3f; O_DIRECT write/save "
+              "%.3f, O_DIRECT read/load %.3f\n",
+              rounds - 1, median(raw_s), median(save_s), median(ratio), median(read_ratio), median(direct_ratio),
+              median(direct_read_ratio));
   std::filesystem::remove_all(root);
 }

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <new>
 #include <random>
@@ -168,6 +169,26 @@ inline void drop_cache(const std::filesystem::path& p) {
   }
 }
 
+/// Reads every file under `p` (or `p` itself) through the page cache and throws the bytes away,
+/// so that they are cached for a warm load. ckpt's own loads read uncached bytes with O_DIRECT
+/// (posix_options::direct_reads), which leaves them uncached: a warm load needs this first.
+inline void read_through_cache(const std::filesystem::path& p) {
+  std::vector<char> sink(std::size_t{1} << 20);
+  auto read_all = [&](const std::filesystem::path& f) {
+    const int fd = ::open(f.c_str(), O_RDONLY);
+    if (fd < 0) die("open " + f.string());
+    while (::read(fd, sink.data(), sink.size()) > 0) {
+    }
+    ::close(fd);
+  };
+  if (std::filesystem::is_directory(p)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+      if (e.is_regular_file()) read_all(e.path());
+  } else {
+    read_all(p);
+  }
+}
+
 /// The limit for saves: every tensor written in turn with write(2) into one new file, then
 /// fsync. Returns the seconds spent inside write calls; callers time the whole.
 inline double raw_write(const state& s, const std::filesystem::path& file) {
@@ -187,6 +208,67 @@ inline double raw_write(const state& s, const std::filesystem::path& file) {
   if (::fsync(fd) != 0) die("fsync " + file.string());
   ::close(fd);
   return in_write;
+}
+
+/// The same file written with O_DIRECT, the way posix_options::direct_writes does it, without
+/// the checkpoint around it: the tensors copied one after another into an 8 MiB buffer aligned
+/// to 4 KiB, each full buffer written with O_DIRECT, the last partial 4 KiB through the page
+/// cache, then fsync. The limit for a save that bypasses the page cache.
+inline void raw_write_direct(const state& s, const std::filesystem::path& file) {
+  constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) die("open with O_DIRECT " + file.string());
+  auto* buf = static_cast<std::byte*>(::operator new(buffer, std::align_val_t{block}));
+  std::size_t filled = 0;
+  auto put = [&](const std::byte* p, std::size_t n) {
+    std::size_t done = 0;
+    while (done < n) {
+      const auto w = ::write(fd, p + done, n - done);
+      if (w <= 0) die("write " + file.string());
+      done += static_cast<std::size_t>(w);
+    }
+  };
+  for (const auto& t : s.tensors) {
+    for (std::size_t at = 0; at < t.size();) {
+      const auto n = std::min(buffer - filled, t.size() - at);
+      std::memcpy(buf + filled, t.data() + at, n);
+      filled += n;
+      at += n;
+      if (filled == buffer) put(buf, buffer), filled = 0;
+    }
+  }
+  const auto whole = filled / block * block;
+  put(buf, whole);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+  put(buf + whole, filled - whole);
+  if (::fsync(fd) != 0) die("fsync " + file.string());
+  ::close(fd);
+  ::operator delete(buf, std::align_val_t{block});
+}
+
+/// The file read back with O_DIRECT in 8 MiB pieces into an aligned buffer, copied into the
+/// state's buffers: the limit for a load that bypasses the page cache.
+inline void raw_read_direct(state& s, const std::filesystem::path& file) {
+  constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) die("open with O_DIRECT " + file.string());
+  auto* buf = static_cast<std::byte*>(::operator new(buffer, std::align_val_t{block}));
+  std::size_t have = 0, used = 0;
+  for (auto& t : s.tensors) {
+    for (std::size_t at = 0; at < t.size();) {
+      if (used == have) {
+        const auto n = ::read(fd, buf, buffer);
+        if (n <= 0) die("read " + file.string());
+        have = static_cast<std::size_t>(n), used = 0;
+      }
+      const auto n = std::min(have - used, t.size() - at);
+      std::memcpy(t.data() + at, buf + used, n);
+      used += n;
+      at += n;
+    }
+  }
+  ::close(fd);
+  ::operator delete(buf, std::align_val_t{block});
 }
 
 /// The limit for loads: the same file read back in order with read(2) into the state's buffers.
