@@ -542,7 +542,7 @@ TEST_CASE("posix O_DIRECT writes: files of every size around the block and buffe
       std::ifstream in(dir.path() / key, std::ios::binary);
       const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
       REQUIRE(got.size() == size);
-      CHECK(std::memcmp(got.data(), want.data(), size) == 0);
+      CHECK((size == 0 || std::memcmp(got.data(), want.data(), size) == 0));  // memcmp takes no null pointers
     }
   }
   // A writer destroyed unpublished discards its file, O_DIRECT or not.
