@@ -384,10 +384,27 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "their samples in `copy_folio_from_iter_atomic` (the kernel's copy into the page cache), on the CPU "
       "throughout, about 4 s per GiB. This is likely a large part of what earlier sections called the disk's "
       "bursts (the second of two writers finds the memory the first freed handed back); it affects ckpt and the "
-      "raw baselines alike, which is why the decisive save rows start each writer from a settled machine.")
+      "raw baselines alike, which is why the decisive save rows start each writer from a settled machine. "
+      "It is also what O_DIRECT avoids: written or read that way, the bytes never pass through new page-cache "
+      "pages (2026-12-01, the section on O_DIRECT above).")
     w("- **libtorch's warm `torch::load`** is faster than reading the bytes at all, so it cannot have read them "
       "all; not investigated.\n")
-    w("## Save and load against the disk\n")
+    w("## Save and load from a settled disk\n")
+    w(f"`build/bench/save_vs_raw --workload fp32|bf16_adam --gib 1 --rounds {a.runs + 1}` (report.py passes "
+      "`--dir`): three writers of the same bytes in an order that rotates from round to round, each after "
+      "everything the others wrote is deleted, `sync` and a 3 s pause: the raw `write(2)` + `fsync` (the issue's "
+      "limit), the raw O_DIRECT write from an 8 MiB aligned buffer + `fsync`, and ckpt's save; then their cold "
+      "reads, each from a dropped cache after the same pause: `read(2)`, O_DIRECT, and ckpt's load. Round 0 "
+      "warms up; medians of the others, in seconds.\n")
+    w("| workload | raw write+fsync | raw O_DIRECT write+fsync | ckpt save | raw read cold | raw O_DIRECT read | "
+      "ckpt load cold |")
+    w("|---|---:|---:|---:|---:|---:|---:|")
+    for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
+        w(f"| {label} | {med(d, 'settled_raw_write_s'):.3f} | {med(d, 'settled_direct_write_s'):.3f} | "
+          f"{med(d, 'settled_save_s'):.3f} | {med(d, 'settled_raw_read_s'):.3f} | {med(d, 'settled_direct_read_s'):.3f} | "
+          f"{med(d, 'settled_load_s'):.3f} |")
+    w("")
+    w("## Save and load against the disk, back to back\n")
     w("`build/bench/save_load --workload fp32|bf16_adam --gib 1 --runs 5` (report.py passes `--dir`).\n")
     w("![throughput against the peers](img/throughput.png)\n")
     w("| workload | raw write+fsync s | ckpt save s | ratio | raw read cold s | ckpt load cold s | ratio | "
@@ -401,9 +418,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w("Tensor buffers are 64-byte aligned (as PyTorch allocates them). The baseline writes every tensor with "
       "`write(2)` into one file and fsyncs it, and reads them back with `read(2)`; ckpt writes the same bytes "
       "in 4 MiB chunks, each hashed (XXH3) on a worker while the previous one is written, plus the header, footer "
-      "index, chunk map, metadata.json and `latest`, each fsync'd with its directory. Cold reads follow "
-      "`posix_fadvise(DONTNEED)` on every file (the pages are clean after the fsync, so they leave the cache); "
-      "ckpt then verifies each chunk's checksum as it reads it, on as many threads as there are cores.\n")
+      "index, chunk map, metadata.json and `latest`, each fsync'd with its directory; with the default "
+      "`posix_options`, its chunks go to the disk with O_DIRECT. Cold reads follow `posix_fadvise(DONTNEED)` on "
+      "every file (the pages are clean after the fsync, so they leave the cache); ckpt then reads the chunks "
+      "with O_DIRECT and verifies each chunk's checksum as it reads it, on as many threads as there are cores. "
+      "Its cold load leaves nothing in the page cache, so before the warm load the benchmark reads ckpt's files "
+      "once through the cache, as it does the raw file.\n")
     w("## Against torch.save and torch.load\n")
     w("`/usr/bin/python3 bench/torch_peer.py --workload fp32|bf16_adam --gib 1`, `build/bench/save_load --once …` "
       "and `build/bench/libtorch_peer …` on the same shapes and dtypes (Debian's python3-torch "
@@ -411,7 +431,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "it wrote when it ends, and waits 3 s after `sync` before its save and again before its cold load (this "
       "disk slows down for seconds after a burst of writes, and slows whichever writer comes next). torch.save "
       "is followed by flush and fsync; the cold load drops the file from the page cache first, as for ckpt and "
-      "libtorch. Each × is the median over the runs of that run's ratio.\n")
+      "libtorch. torch.load's cold load leaves the file in the page cache for its warm load; ckpt's reads with "
+      "O_DIRECT and leaves nothing there, so `save_load --once` reads ckpt's files once through the cache before "
+      "its warm load. Each × is the median over the runs of that run's ratio.\n")
     w("| workload | torch.save s | ckpt save s | × faster | torch.load cold s | ckpt load cold s | × faster "
       "| torch.load warm s | ckpt load warm s | × faster |")
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -455,8 +477,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w(f"| raw | {res['rss_raw']['extra_peak_rss_mib'][0]:.1f} |")
     w(f"| zstd_bytegroup | {res['rss_bg']['extra_peak_rss_mib'][0]:.1f} |")
     w("")
-    w("Raw chunks of host tensors are hashed and written in place, so a raw save needs no buffers at all; "
-      "encoding codecs hold at most `checkpointer_options::buffer_bytes` (256 MiB) of chunks in flight.\n")
+    w("Raw chunks of host tensors are hashed in place and copied into the posix writer's 8 MiB O_DIRECT buffer, "
+      "so a raw save needs no chunk buffers; encoding codecs hold at most `checkpointer_options::buffer_bytes` "
+      "(256 MiB) of chunks in flight.\n")
     w("## Codecs\n")
     w(f"`build/bench/save_load --codecs --runs {2 * a.runs - 1}`: 256 MiB of N(0, 0.02) values in 4 MiB chunks, "
       "encoded through ckpt's pipeline with one worker, then two; each run times zstd-1, zstd_bytegroup on one "
@@ -510,7 +533,8 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         w("`mpirun -np N build/bench/save_scaling --mib 512 --runs 5` for N = 1, 2, 4.\n")
         w("N ranks each hold 1/N of 64 f32 tensors (512 MiB in all) and save with `megatron<mpi>` to local disk; "
           "the baseline is one process writing the same bytes with `write` + `fsync`, alternating with the "
-          "saves. Ratio = baseline time / save time (above 1: faster than one raw writer).\n")
+          "saves. Ratio = baseline time / save time (above 1: faster than one raw writer). ckpt's ranks write "
+          "with O_DIRECT (the `posix` default), the baseline through the page cache.\n")
         w("```")
         w(save_scaling.strip())
         w("```\n")
