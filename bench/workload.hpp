@@ -151,22 +151,27 @@ inline state shifted(const state& s, std::size_t bytes) {
   return out;
 }
 
+/// Calls `f` with `p`, or with every regular file under `p` when it is a directory.
+template <class F>
+void for_each_file(const std::filesystem::path& p, F&& f) {
+  if (std::filesystem::is_directory(p)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+      if (e.is_regular_file()) f(e.path());
+  } else {
+    f(p);
+  }
+}
+
 /// Drops a file, or every file under a directory, from the page cache (the pages are clean
 /// after fsync), so the next read comes from the disk.
 inline void drop_cache(const std::filesystem::path& p) {
-  auto drop = [](const std::filesystem::path& f) {
+  for_each_file(p, [](const std::filesystem::path& f) {
     const int fd = ::open(f.c_str(), O_RDONLY);
     if (fd < 0) return;
     ::fdatasync(fd);
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
-  };
-  if (std::filesystem::is_directory(p)) {
-    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
-      if (e.is_regular_file()) drop(e.path());
-  } else {
-    drop(p);
-  }
+  });
 }
 
 /// Reads every file under `p` (or `p` itself) through the page cache and throws the bytes away,
@@ -174,19 +179,13 @@ inline void drop_cache(const std::filesystem::path& p) {
 /// (posix_options::direct_reads), which leaves them uncached: a warm load needs this first.
 inline void read_through_cache(const std::filesystem::path& p) {
   std::vector<char> sink(std::size_t{1} << 20);
-  auto read_all = [&](const std::filesystem::path& f) {
+  for_each_file(p, [&](const std::filesystem::path& f) {
     const int fd = ::open(f.c_str(), O_RDONLY);
     if (fd < 0) die("open " + f.string());
     while (::read(fd, sink.data(), sink.size()) > 0) {
     }
     ::close(fd);
-  };
-  if (std::filesystem::is_directory(p)) {
-    for (const auto& e : std::filesystem::recursive_directory_iterator(p))
-      if (e.is_regular_file()) read_all(e.path());
-  } else {
-    read_all(p);
-  }
+  });
 }
 
 /// The limit for saves: every tensor written in turn with write(2) into one new file, then
