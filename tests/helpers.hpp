@@ -67,6 +67,14 @@ inline bool takes_o_direct(const std::filesystem::path& dir) {
   return fd >= 0;
 }
 
+/// takes_o_direct, saying so in the test's output when not (the O_DIRECT checks then have
+/// nothing to look at).
+inline bool o_direct_testable(const temp_dir& dir) {
+  if (takes_o_direct(dir.path())) return true;
+  MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
+  return false;
+}
+
 /// How many of the file's pages are in the page cache (mincore on an untouched mapping).
 inline std::size_t resident_pages(const std::filesystem::path& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);

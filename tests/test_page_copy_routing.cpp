@@ -238,10 +238,7 @@ std::vector<char> file_bytes(const std::filesystem::path& path) {
 
 TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only the last partial block goes through the page cache") {
   test::temp_dir dir;
-  if (!test::takes_o_direct(dir.path())) {
-    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
-    return;
-  }
+  if (!test::o_direct_testable(dir)) return;
   ckpt::posix disk(dir.path());  // O_DIRECT is the default
   constexpr std::size_t buffer = std::size_t{8} << 20;
   const std::size_t size = 2 * buffer + 3 * 4096 + 100;
@@ -304,10 +301,7 @@ TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only 
 
 TEST_CASE("posix O_DIRECT writes that the file system refuses go through the page cache instead") {
   test::temp_dir dir;
-  if (!test::takes_o_direct(dir.path())) {
-    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
-    return;
-  }
+  if (!test::o_direct_testable(dir)) return;
   ckpt::posix disk(dir.path());
   constexpr std::size_t buffer = std::size_t{8} << 20;
   const std::size_t size = buffer + 5000;
@@ -348,10 +342,7 @@ TEST_CASE("posix O_DIRECT writes that the file system refuses go through the pag
 
 TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached bytes through the cache") {
   test::temp_dir dir;
-  if (!test::takes_o_direct(dir.path())) {
-    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
-    return;
-  }
+  if (!test::o_direct_testable(dir)) return;
   std::vector<std::byte> content(std::size_t{6} << 20);
   std::mt19937 rng(14);
   for (auto& b : content) b = static_cast<std::byte>(rng());
@@ -470,10 +461,7 @@ TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 Mi
   // The load reads and hashes a chunk in 256 KiB pieces; the checkpointer announces the chunk
   // to the posix reader (will_read), which reads it ahead in one O_DIRECT read.
   test::temp_dir dir;
-  if (!test::takes_o_direct(dir.path())) {
-    MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: nothing to check here");
-    return;
-  }
+  if (!test::o_direct_testable(dir)) return;
   nine_mib saved, back;
   test::fill_random(saved.w, 15);
   ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 1}};

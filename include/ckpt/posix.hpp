@@ -192,16 +192,12 @@ class posix {
     void write_direct(std::span<const std::byte> bytes) {
       if (!block_)
         block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
-      while (!bytes.empty()) {
+      while (!bytes.empty() && direct_) {
         if (filled_ == 0 && reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 &&
             bytes.size() >= direct_alignment) {
           const auto whole = bytes.size() / direct_alignment * direct_alignment;
           write_blocks(bytes.first(whole));
           bytes = bytes.subspan(whole);
-          if (!direct_) {  // the file system refused O_DIRECT: the rest goes through the page cache
-            write(bytes);
-            return;
-          }
           continue;
         }
         const auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
@@ -211,12 +207,9 @@ class posix {
         if (filled_ == direct_buffer_bytes) {
           filled_ = 0;
           write_blocks({block_.get(), direct_buffer_bytes});
-          if (!direct_) {
-            write(bytes);
-            return;
-          }
         }
       }
+      if (!bytes.empty()) write(bytes);  // the file system refused O_DIRECT: through the page cache
     }
     /// Writes whole blocks with O_DIRECT at the current (aligned) position. A file system that
     /// refuses (EINVAL: no O_DIRECT, or stricter alignment) gets them, and the rest of the file,
