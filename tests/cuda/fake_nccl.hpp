@@ -14,13 +14,20 @@
 // - abort ends the waiting operations of that rank with nothing delivered, so its stream can
 //   drain (a receive also gives up on its own after `patience`, so a test never hangs for good);
 // - any call can be made to fail on a rank's n-th use, with an NCCL error string, and an
-//   asynchronous error can be injected into a rank.
+//   asynchronous error can be injected into a rank;
+// - communicators are non-blocking, as ncclCommInitRankConfig with blocking = 0 makes them:
+//   init_rank returns at once and status says in_progress until every rank of the world has
+//   joined (a rank that never comes leaves the others in progress for good); the first send
+//   or receive to each peer leaves the communicator in progress for a few polls (NCCL connects
+//   to a peer lazily); and any call made while it is in progress fails, as NCCL requires the
+//   caller to wait for ncclSuccess first.
 //
 // Not modelled: NCCL's rendezvous of a send with its receive (a send here is buffered and
-// completes at once), groups (group_start and group_end are only counted), and the blocking
-// of ncclCommInitRank until every rank has joined.
+// completes at once) and groups (group_start and group_end are only counted).
 
 #include "fake_runtime.hpp"
+
+#include <ckpt/cuda/basic_nccl.hpp>  // nccl_status
 
 #include <algorithm>
 #include <array>
@@ -46,6 +53,7 @@ struct nccl_world {
   explicit nccl_world(int n) : size(n) {}
   const int size;
   std::mutex mu;
+  int joined = 0;  // ranks that called init_rank
   std::condition_variable cv;
   std::map<std::pair<int, int>, std::deque<std::vector<std::byte>>> mail;  // (from, to) -> messages
   struct round {
@@ -61,6 +69,8 @@ struct nccl_comm_impl {
   std::shared_ptr<nccl_world> world;
   int rank = 0;
   std::uint64_t collectives = 0;  // enqueued so far; only the owning caller touches it
+  std::vector<int> connected;     // peers a send or receive went to; only the owning caller
+  int connecting = 0;             // polls of status left before a new connection is made; likewise
   // Under world->mu:
   bool aborted = false;
   std::string async_error;
@@ -79,6 +89,8 @@ struct nccl_state {
   int comms_made = 0, comms_destroyed = 0;
   std::atomic<std::uint64_t> bytes_sent{0};
   std::chrono::milliseconds patience{30'000};  // how long a receive or a collective waits at most
+  int connect_polls = 3;                        // status polls a new peer connection takes
+  std::atomic<std::uint64_t> in_progress_answers{0};
 };
 
 struct nccl_api {
@@ -127,21 +139,35 @@ struct nccl_api {
     enter("ncclGetUniqueId", -1);
     std::lock_guard lock(st->mu);
     unique_id id;
-    const std::uint64_t n = ++st->next_id;
+    // Unique in the process, as real ids are (random): communicators of this process are told
+    // apart by their ids, whichever fake made them.
+    static std::atomic<std::uint64_t> next{0};
+    const std::uint64_t n = ++next;
+    ++st->next_id;
     std::memcpy(id.bytes.data(), &n, sizeof n);
     id.bytes[127] = std::byte{0x5A};  // never all zero, like a real id
     return id;
   }
+  /// Non-blocking: the communicator is ready once every rank of the world has called this.
   comm init_rank(int size, const unique_id& id, int rank) {
     enter("ncclCommInitRank", rank);
-    std::lock_guard lock(st->mu);
-    auto& w = st->worlds[id.bytes];
-    if (!w) w = std::make_shared<nccl_world>(size);
-    if (w->size != size || rank < 0 || rank >= size) throw failure("invalid argument (run with NCCL_DEBUG=WARN for details)", 4);
+    std::shared_ptr<nccl_world> w;
+    {
+      std::lock_guard lock(st->mu);
+      auto& slot = st->worlds[id.bytes];
+      if (!slot) slot = std::make_shared<nccl_world>(size);
+      w = slot;
+      if (w->size != size || rank < 0 || rank >= size) throw failure("invalid argument (run with NCCL_DEBUG=WARN for details)", 4);
+      ++st->comms_made;
+    }
     auto c = std::make_shared<nccl_comm_impl>();
     c->world = w;
     c->rank = rank;
-    ++st->comms_made;
+    {
+      std::lock_guard lock(w->mu);
+      ++w->joined;
+    }
+    w->cv.notify_all();
     return c;
   }
   void destroy(comm c) noexcept {
@@ -159,24 +185,33 @@ struct nccl_api {
     std::lock_guard lock(st->mu);
     st->aborted_ranks.push_back(c->rank);
   }
-  bool async_error(comm c, std::string& what) {
+  ckpt::cuda::nccl_status status(comm c, std::string& what) {
     enter("ncclCommGetAsyncError", c->rank);
     {
       std::lock_guard lock(st->mu);
       if (auto it = st->injected.find(c->rank); it != st->injected.end()) {
         what = it->second;
-        return true;
+        return ckpt::cuda::nccl_status::failed;
       }
     }
     std::lock_guard lock(c->world->mu);
-    if (c->async_error.empty()) return false;
-    what = c->async_error;
-    return true;
+    if (!c->async_error.empty()) {
+      what = c->async_error;
+      return ckpt::cuda::nccl_status::failed;
+    }
+    if (c->world->joined < c->world->size || c->connecting > 0) {
+      if (c->connecting > 0) --c->connecting;
+      ++st->in_progress_answers;
+      return ckpt::cuda::nccl_status::in_progress;
+    }
+    return ckpt::cuda::nccl_status::ready;
   }
 
   void send(const void* data, std::size_t bytes, int peer, comm c, stream s) {
     enter("ncclSend", c->rank);
     need(s);
+    ready(c);
+    connect(c, peer);
     auto shared = st;
     s->enqueue([c, data, bytes, peer, shared] {
       const auto* p = static_cast<const std::byte*>(data);
@@ -192,6 +227,8 @@ struct nccl_api {
   void recv(void* data, std::size_t bytes, int peer, comm c, stream s) {
     enter("ncclRecv", c->rank);
     need(s);
+    ready(c);
+    connect(c, peer);
     const auto patience = st->patience;
     s->enqueue([c, data, bytes, peer, patience] {
       auto& w = *c->world;
@@ -254,12 +291,26 @@ struct nccl_api {
   static void need(stream s) {
     if (!s) throw std::logic_error("fake NCCL: operations need a stream (basic_nccl always passes its own)");
   }
+  /// NCCL takes no call on a communicator that is still in progress (joining or connecting).
+  static void ready(const comm& c) {
+    std::lock_guard lock(c->world->mu);
+    if (c->world->joined < c->world->size || c->connecting > 0)
+      throw failure("invalid usage: a call on a communicator still in progress (wait for ncclCommGetAsyncError to give ncclSuccess)", 5);
+  }
+  /// The first transfer to a peer makes the connection: in progress for a few polls.
+  void connect(const comm& c, int peer) {
+    if (std::find(c->connected.begin(), c->connected.end(), peer) != c->connected.end()) return;
+    c->connected.push_back(peer);
+    std::lock_guard lock(c->world->mu);
+    c->connecting = st->connect_polls;
+  }
 
   /// Deposits this rank's contribution when the stream gets here, waits for every rank's, then
   /// lets `finish` write this rank's result.
   template <class Finish>
   void collective(const comm& c, stream s, std::string kind, const void* send, std::size_t bytes, Finish finish) {
     need(s);
+    ready(c);
     const std::uint64_t number = c->collectives++;
     const auto patience = st->patience;
     s->enqueue([c, number, kind = std::move(kind), send, bytes, finish, patience] {

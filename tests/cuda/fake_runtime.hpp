@@ -11,7 +11,13 @@
 //   observed only if ckpt orders its stream after the user's;
 // - any call can be made to fail on its n-th use with a CUDA error string;
 // - query(stream) says whether the stream has run everything enqueued on it, as
-//   cudaStreamQuery does, so a watchdog that polls instead of blocking can be tested.
+//   cudaStreamQuery does, so a watchdog that polls instead of blocking can be tested;
+// - the rules a host engine relies on: the current device is per thread (none until the
+//   thread sets one); streams and events belong to the device current when they were made,
+//   and recording an event on another device's stream fails as cudaEventRecord does; every
+//   failure, and a not-ready query, is left in the calling thread's last-error slot until
+//   clear_error (cudaGetLastError) takes it, so a test sees what ckpt leaves for the engine's
+//   next launch check.
 //
 // "Device memory" is host memory the fake hands out (device_alloc, tracked like the pinned
 // buffers so tests can check nothing leaks); copies are memcpy.
@@ -36,6 +42,7 @@
 namespace fake {
 
 struct event_impl {
+  int device = 0;  // the device current when it was made
   std::mutex mu;
   std::condition_variable cv;
   std::uint64_t recorded = 0, completed = 0;
@@ -52,7 +59,8 @@ struct event_impl {
 
 class stream_impl {
  public:
-  explicit stream_impl(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+  /// device -1: the legacy default stream, which stands for every device's.
+  explicit stream_impl(std::string name, int device = -1) : name_(std::move(name)), device_(device), worker_([this] { run(); }) {}
   ~stream_impl() {
     {
       std::lock_guard lock(mu_);
@@ -69,6 +77,7 @@ class stream_impl {
     cv_.notify_all();
   }
   const std::string& name() const { return name_; }
+  int device() const { return device_; }
   /// Whether every operation enqueued so far has run (cudaStreamQuery).
   bool idle() {
     std::lock_guard lock(mu_);
@@ -93,6 +102,7 @@ class stream_impl {
     }
   }
   std::string name_;
+  int device_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> ops_;
@@ -103,6 +113,11 @@ class stream_impl {
 
 /// What the fake remembers across copies of the runtime (the policy holds one copy).
 struct state {
+  /// Names this runtime in each thread's current-device table (an address could be reused).
+  const std::uint64_t serial = [] {
+    static std::atomic<std::uint64_t> next{0};
+    return ++next;
+  }();
   std::mutex mu;
   std::chrono::microseconds copy_delay{200};
   std::map<std::string, std::pair<int, std::string>> fail_on;  // call -> (n-th use, error)
@@ -117,9 +132,11 @@ struct state {
   // Calls made on a thread that never chose a device with set_device: on a real GPU they would
   // run in (and, the first time, create) a context on GPU 0.
   std::atomic<std::uint64_t> calls_without_device{0};
+  // Each thread's last-error slot (cudaGetLastError's), by thread; under mu.
+  std::map<std::thread::id, std::string> last_error;
+  std::atomic<std::uint64_t> not_ready_answers{0};
   // Events outlive destroy() while operations still refer to them, as CUDA's do.
   std::map<event_impl*, std::shared_ptr<event_impl>> events;
-  int device = -1;
   std::atomic<int> copies_in_flight{0}, max_copies_in_flight{0};
   std::unique_ptr<stream_impl> legacy = std::make_unique<stream_impl>("legacy");  // stream 0
 };
@@ -133,25 +150,60 @@ struct runtime {
 
   std::shared_ptr<state> st = std::make_shared<state>();
 
-  /// The threads that called set_device on this runtime (CUDA's current device is per thread).
-  static bool& chose_device(const state* s) {
-    thread_local std::map<const state*, bool> chosen;
-    return chosen[s];
+  /// The calling thread's current device on this runtime, -1 before it set one (CUDA's
+  /// current device is per thread).
+  static int& current(const state* s) {
+    thread_local std::map<std::uint64_t, int> devices;
+    return devices.try_emplace(s->serial, -1).first->second;
   }
+  int current_device_now() const { return current(st.get()); }
 
+  /// A failure, as the runtime reports one: thrown, and left in the thread's last-error slot.
+  [[noreturn]] void fail(const std::string& what) {
+    {
+      std::lock_guard lock(st->mu);
+      st->last_error[std::this_thread::get_id()] = what;
+    }
+    throw failure(what);
+  }
   void enter(const std::string& call) {
-    if (call != "set_device" && !chose_device(st.get())) ++st->calls_without_device;
-    std::lock_guard lock(st->mu);
-    st->calls.push_back(call);
-    const int n = ++st->uses[call];
-    if (auto it = st->fail_on.find(call); it != st->fail_on.end() && it->second.first == n) throw failure(it->second.second);
+    if (call != "set_device" && current(st.get()) < 0) ++st->calls_without_device;
+    std::string error;
+    {
+      std::lock_guard lock(st->mu);
+      st->calls.push_back(call);
+      const int n = ++st->uses[call];
+      if (auto it = st->fail_on.find(call); it != st->fail_on.end() && it->second.first == n) error = it->second.second;
+    }
+    if (!error.empty()) fail(error);
   }
   stream_impl* resolve(stream s) { return s ? s : st->legacy.get(); }
+  /// The device new streams and events belong to: the current one (GPU 0 where none was set,
+  /// as CUDA would make its context there).
+  int here() const { return std::max(current(st.get()), 0); }
+
+  // ----- the CUDA contract ----------------------------------------------------------------------
+
+  /// cudaGetLastError: takes the thread's slot.
+  void clear_error() noexcept {
+    std::lock_guard lock(st->mu);
+    st->last_error.erase(std::this_thread::get_id());
+  }
+  /// What is left in any thread's slot (for tests): each entry "error".
+  std::vector<std::string> errors_left() const {
+    std::lock_guard lock(st->mu);
+    std::vector<std::string> left;
+    for (const auto& [_, e] : st->last_error) left.push_back(e);
+    return left;
+  }
+  using device_state = int;
+  device_state current_device() noexcept { return current(st.get()); }
+  void restore_device(device_state d) noexcept { current(st.get()) = d; }
+  int stream_device(stream s) { return s ? s->device() : -1; }
 
   void set_device(int d) {
     enter("set_device");
-    chose_device(st.get()) = true;
-    st->device = d;
+    current(st.get()) = d;
   }
   void* host_alloc(std::size_t n) {
     enter("host_alloc");
@@ -187,19 +239,26 @@ struct runtime {
   }
   /// Polled by watchdogs, so not recorded in `calls` (it would drown the ordering checks).
   bool query(stream s) {
-    if (!chose_device(st.get())) ++st->calls_without_device;
+    if (current(st.get()) < 0) ++st->calls_without_device;
     ++st->queries;
-    return resolve(s)->idle();
+    if (resolve(s)->idle()) return true;
+    ++st->not_ready_answers;
+    std::lock_guard lock(st->mu);
+    st->last_error[std::this_thread::get_id()] = "cudaErrorNotReady: device not ready";
+    return false;
   }
   stream make_stream() {
     enter("make_stream");
     std::lock_guard lock(st->mu);
     ++st->streams_alive;
-    return new stream_impl("ckpt");
+    return new stream_impl("ckpt", here());
   }
+  /// A stream of the user's, on the calling thread's current device (cudaStreamCreate).
+  stream user_stream(std::string name) { return new stream_impl(std::move(name), here()); }
   event make_event() {
     enter("make_event");
     auto e = std::make_shared<event_impl>();
+    e->device = here();
     std::lock_guard lock(st->mu);
     ++st->events_alive;
     st->events[e.get()] = e;
@@ -235,6 +294,9 @@ struct runtime {
   }
   void record(event e, stream s) {
     enter("record " + resolve(s)->name());
+    if (const int d = resolve(s)->device(); d >= 0 && d != e->device)
+      fail("cudaErrorInvalidResourceHandle: invalid resource handle (an event of cuda:" + std::to_string(e->device) +
+           " recorded on a stream of cuda:" + std::to_string(d) + ")");
     std::uint64_t gen;
     {
       std::lock_guard lock(e->mu);

@@ -40,12 +40,25 @@ int main() {
   cudaMemcpy(m.w, host.data(), m.n * sizeof(float), cudaMemcpyHostToDevice);
   ckpt::memory_storage mem;
   ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage, ckpt::raw, ckpt::cuda::device_copy> cp{{}, mem};
+  // The engine's current device: the last GPU, so that on a machine with several the tensor's
+  // (cuda:0) is another one; ckpt must put it back.
+  const int engine = devices - 1;
+  if (cudaSetDevice(engine) != cudaSuccess) return 1;
   cp.save(1, m);
-  cudaMemset(m.w, 0, m.n * sizeof(float));
+  int after_save = -1;
+  cudaGetDevice(&after_save);
+  if (cudaSetDevice(0) != cudaSuccess || cudaMemset(m.w, 0, m.n * sizeof(float)) != cudaSuccess) return 1;
+  if (cudaSetDevice(engine) != cudaSuccess) return 1;
   cp.load(m);
-  cudaMemcpy(back.data(), m.w, m.n * sizeof(float), cudaMemcpyDeviceToHost);
+  int after_load = -1;
+  cudaGetDevice(&after_load);
+  const bool clean = cudaPeekAtLastError() == cudaSuccess;
+  const bool copied = cudaMemcpy(back.data(), m.w, m.n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
   cudaFree(m.w);
-  const bool ok = back == host;
+  const bool ok = copied && back == host;
+  const bool kept = after_save == engine && after_load == engine;
   std::printf("device_copy round trip on %d GPU(s): %s\n", devices, ok ? "ok" : "FAILED");
-  return ok ? 0 : 1;
+  std::printf("the caller's current device (cuda:%d) put back after save and load: %s\n", engine, kept ? "ok" : "FAILED");
+  std::printf("nothing left in the last-error slot: %s\n", clean ? "ok" : "FAILED");
+  return ok && kept && clean ? 0 : 1;
 }

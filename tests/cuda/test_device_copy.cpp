@@ -13,8 +13,10 @@
 #include <ckpt/reader.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -331,4 +333,89 @@ TEST_CASE("lending stops at lend_bytes: past it, buffers are ordinary memory and
   scramble(s);
   cp.load(s);
   CHECK(same(s, saved));
+}
+
+// ----- the CUDA contract a host engine relies on (issue 20) -------------------------------------
+
+namespace {
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) s += (s.empty() ? "" : "; ") + e;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("save and load put back the caller's current device; a thread with none is left with none") {
+  fake::runtime rt;
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+  auto s = every_dtype_and_size(6, 2);  // tensors on cuda:0 and cuda:1
+  rt.set_device(3);                     // the engine's own GPU
+  cp.save(1, s);
+  CHECK(rt.current_device_now() == 3);
+  scramble(s);
+  cp.load(s);
+  CHECK(rt.current_device_now() == 3);
+  CHECK(same(s, every_dtype_and_size(6, 2)));
+  // A thread that never chose a device (a worker of the engine's, say) has none afterwards:
+  // putting back "device 0" would make a context on GPU 0 on a real one.
+  int after = 99;
+  std::thread([&] {
+    cp.save(2, s);
+    after = rt.current_device_now();
+  }).join();
+  CHECK(after == -1);
+  CHECK(rt.errors_left().empty());
+}
+
+TEST_CASE("nothing is left in the last-error slot: not after a refused pinned allocation, not after a reported failure") {
+  fake::runtime rt;
+  policy p{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 1 << 20}};
+  rt.st->fail_on["host_alloc"] = {1, "cudaErrorMemoryAllocation: out of memory"};
+  const auto b = p.lend(256 << 10);
+  CHECK(b.data() == nullptr);  // refused: the borrower uses ordinary memory
+  CAPTURE(joined(rt.errors_left()));
+  CHECK(rt.errors_left().empty());
+  const auto again = p.lend(256 << 10);  // the system may pin more later
+  CHECK(again.data() != nullptr);
+
+  // A failure that becomes a ckpt::error is reported once, there, and not left for the engine's
+  // next launch check to report as its own.
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, small_ring}};
+  gpu_state s;
+  s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{10'000}, 0, 5);
+  rt.st->fail_on["copy_async"] = {rt.st->uses["copy_async"] + 2, "cudaErrorLaunchFailure: unspecified launch failure"};
+  CHECK_THROWS_WITH_AS(cp.save(1, s), doctest::Contains("cudaErrorLaunchFailure"), ckpt::error);
+  CAPTURE(joined(rt.errors_left()));
+  CHECK(rt.errors_left().empty());
+}
+
+TEST_CASE("a user stream on another GPU than the tensors: ckpt's copies still wait for it, and it waits for the loaded bytes") {
+  fake::runtime rt;
+  rt.set_device(1);
+  std::unique_ptr<fake::stream_impl> user(rt.user_stream("user"));  // the engine's stream, on cuda:1
+  rt.set_device(0);
+  ckpt::memory_storage mem;
+  gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, user.get(), small_ring}};
+  gpu_state s;
+  s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{50'000}, 0, 3);  // on cuda:0
+  s.tensors.emplace_back(ckpt::dtype::f16, ckpt::shape_t{7'000}, 1, 4);   // on cuda:1, the stream's own
+  auto& t = s.tensors[0];
+  rt.launch(user.get(), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::fill(t.bytes.begin(), t.bytes.end(), std::byte{7});
+  });
+  cp.save(1, s);  // an event of cuda:0 recorded on this stream would be refused, as CUDA refuses it
+  const auto saved = s;
+  CHECK(std::all_of(saved.tensors[0].bytes.begin(), saved.tensors[0].bytes.end(), [](std::byte b) { return b == std::byte{7}; }));
+  scramble(s);
+  cp.load(s);
+  CHECK(same(s, saved));
+  // The event ckpt records on the user's stream was made on the stream's GPU.
+  const auto& calls = rt.st->calls;
+  CHECK(std::count(calls.begin(), calls.end(), "record user") >= 2);
+  CHECK(calls.back() == "wait user");
+  CHECK(rt.current_device_now() == 0);
+  CHECK(rt.errors_left().empty());
 }

@@ -23,6 +23,8 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +62,11 @@ struct world {
   std::vector<fake::runtime> runtimes;
   std::vector<std::string> errors;  // per rank: what it threw ("" if nothing)
   std::vector<ckpt::error_kind> kinds;
+  std::vector<std::chrono::steady_clock::duration> took;  // per rank: until it returned or threw
+  comm_t::unique_id id{};
+  /// Runs on each rank's thread before it constructs its communicator; returns the user stream
+  /// to give it (nullptr: the legacy default stream), or throws to keep the rank from joining.
+  std::function<fake::stream_impl*(fake::runtime&, int)> before_join;
 
   /// Runs body(comm, runtime, rank) on n threads, each with its communicator; `opts` has one
   /// entry for every rank, or one for all.
@@ -69,13 +76,21 @@ struct world {
     runtimes.resize(static_cast<std::size_t>(n));  // one fake GPU (runtime state) each
     errors.assign(static_cast<std::size_t>(n), "");
     kinds.assign(static_cast<std::size_t>(n), ckpt::error_kind::io);
-    const auto id = api.make_unique_id();
+    took.assign(static_cast<std::size_t>(n), {});
+    id = api.make_unique_id();
     std::vector<std::thread> ranks;
     for (int r = 0; r < n; ++r)
       ranks.emplace_back([&, r] {
         const auto i = static_cast<std::size_t>(r);
+        const auto start = std::chrono::steady_clock::now();
+        struct timer {
+          std::chrono::steady_clock::duration& out;
+          std::chrono::steady_clock::time_point start;
+          ~timer() { out = std::chrono::steady_clock::now() - start; }
+        } t{took[i], start};
         try {
-          comm_t c{r, n, 0, id, nullptr, opts.size() == 1 ? opts[0] : opts[i], runtimes[i], api};
+          fake::stream_impl* user = before_join ? before_join(runtimes[i], r) : nullptr;
+          comm_t c{r, n, 0, id, user, opts.size() == 1 ? opts[0] : opts[i], runtimes[i], api};
           body(c, runtimes[i], r);
         } catch (const ckpt::error& e) {
           errors[i] = e.what();
@@ -94,7 +109,7 @@ struct world {
 
 /// After every communicator is gone: no pinned or device memory, stream, event or NCCL
 /// communicator is left.
-void check_released(const world& w) {
+void check_nothing_left(const world& w) {
   for (std::size_t r = 0; r < w.runtimes.size(); ++r) {
     CAPTURE(r);
     const auto& st = *w.runtimes[r].st;
@@ -102,10 +117,18 @@ void check_released(const world& w) {
     CHECK(st.device_now == 0);
     CHECK(st.streams_alive == 0);
     CHECK(st.events_alive == 0);
-    CHECK(st.pinned_allocs == 1);
-    CHECK(st.device_allocs == 1);
   }
   CHECK(w.api.comms_alive() == 0);
+}
+
+/// The same, and each rank allocated its two buffers once.
+void check_released(const world& w) {
+  check_nothing_left(w);
+  for (std::size_t r = 0; r < w.runtimes.size(); ++r) {
+    CAPTURE(r);
+    CHECK(w.runtimes[r].st->pinned_allocs == 1);
+    CHECK(w.runtimes[r].st->device_allocs == 1);
+  }
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -354,12 +377,15 @@ TEST_CASE("a default-constructed communicator says it is not initialised; copies
   check_released(w);
 }
 
-TEST_CASE("a failed ncclSend becomes a ckpt::error naming the call, NCCL's error and the peer; the communicator is aborted") {
+TEST_CASE("a failed ncclSend becomes a ckpt::error naming the call, NCCL's error and the peer; its peer in this process aborts at once") {
   world w;
   const std::string nccl_error = "unhandled system error (run with NCCL_DEBUG=INFO for details)";
   w.api.fail("ncclSend", 2, nccl_error, 0);  // the second piece
   std::string later;
-  w.run(2, {impatient}, [&](comm_t& c, fake::runtime&, int r) {
+  std::chrono::steady_clock::duration peer_took{};
+  // A long timeout: the peer must not wait it out, since the failing rank is a thread of this
+  // process and tells it (a peer in another process would time out, or see NCCL's error).
+  w.run(2, {small}, [&](comm_t& c, fake::runtime&, int r) {
     if (r == 0) {
       try {
         c.send_host(pattern(2500, 1), 1);
@@ -373,7 +399,13 @@ TEST_CASE("a failed ncclSend becomes a ckpt::error naming the call, NCCL's error
       }
     } else {
       std::vector<std::byte> into(2500);
-      c.recv_host(into, 0);  // the first piece arrives, then nothing: the watchdog gives up
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        c.recv_host(into, 0);  // the first piece may arrive, then nothing more
+      } catch (const ckpt::error&) {
+        peer_took = std::chrono::steady_clock::now() - start;
+        throw;
+      }
     }
   });
   CAPTURE(w.errors[0]);
@@ -384,8 +416,10 @@ TEST_CASE("a failed ncclSend becomes a ckpt::error naming the call, NCCL's error
   CHECK(contains(w.errors[0], "aborted"));
   CHECK(contains(later, "cuda::nccl: the communicator was aborted after ncclSend failed"));
   CHECK(w.kinds[1] == ckpt::error_kind::communication);
-  CHECK(contains(w.errors[1], "recv_host failed: no answer within 300 ms: is rank 0 still running"));
-  CHECK(contains(w.errors[1], "peer 0, bytes [1000, 2000) of 2500"));
+  CHECK(contains(w.errors[1], "cuda::nccl: recv_host failed: rank 0: ncclSend failed: " + nccl_error));
+  CHECK(contains(w.errors[1], "(recv_host, peer 0, bytes ["));
+  CHECK(contains(w.errors[1], "the NCCL communicator was aborted"));
+  CHECK(peer_took < std::chrono::seconds(5));
   CHECK(w.api.was_aborted(0));
   CHECK(w.api.was_aborted(1));
   check_released(w);
@@ -540,5 +574,184 @@ TEST_CASE("gather_to_root over basic_nccl: GPU shards travel to rank 0 and back,
   // save_async used the communicators from background threads: each call made its GPU current
   // there first, so no call ran where a real GPU would make a context on GPU 0.
   for (const auto& rt : w.runtimes) CHECK(rt.st->calls_without_device == 0);
+  check_released(w);
+}
+
+// ----- joining, bounded; and the CUDA contract a host engine relies on (issue 20) -------------
+
+namespace {
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) s += (s.empty() ? "" : "; ") + e;
+  return s;
+}
+struct not_joining : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+}  // namespace
+
+TEST_CASE("joining is bounded by the timeout: a rank that never comes leaves its peers with an error, not a hang") {
+  world w;
+  w.before_join = [](fake::runtime&, int r) -> fake::stream_impl* {
+    if (r == 2) throw not_joining("rank 2 stays away, and tells nobody");
+    return nullptr;
+  };
+  w.run(3, {impatient}, [&](comm_t&, fake::runtime&, int) { throw std::runtime_error("constructed without rank 2"); });
+  for (int r : {0, 1}) {
+    const auto i = static_cast<std::size_t>(r);
+    CAPTURE(w.errors[i]);
+    CHECK(w.kinds[i] == ckpt::error_kind::communication);
+    // The first to time out says so; the other may hear it from that one first (same process).
+    CHECK(contains(w.errors[i], "cuda::nccl: constructor (ncclCommInitRank: waiting for every rank to join) failed: "));
+    CHECK(contains(w.errors[i], "no answer within 300 ms: is every rank still running and making the same calls?"));
+    CHECK(w.took[i] >= std::chrono::milliseconds(300));
+    CHECK(w.took[i] < std::chrono::seconds(10));
+    CHECK(w.api.was_aborted(r));
+  }
+  CHECK(contains(w.errors[2], "rank 2 stays away"));
+  check_nothing_left(w);
+}
+
+TEST_CASE("give_up: a rank that fails before it can construct its communicator releases its peers in this process at once") {
+  world w;
+  w.before_join = [&](fake::runtime&, int r) -> fake::stream_impl* {
+    if (r == 2) {
+      comm_t::give_up(w.id, 2, "cudaStreamCreate failed: out of memory");
+      throw not_joining("rank 2 failed before joining");
+    }
+    return nullptr;
+  };
+  w.run(3, {small}, [&](comm_t&, fake::runtime&, int) { throw std::runtime_error("constructed without rank 2"); });
+  for (int r : {0, 1}) {
+    const auto i = static_cast<std::size_t>(r);
+    CAPTURE(w.errors[i]);
+    CHECK(w.kinds[i] == ckpt::error_kind::communication);
+    CHECK(contains(w.errors[i], "failed: rank 2: cudaStreamCreate failed: out of memory"));
+    CHECK(w.took[i] < std::chrono::seconds(5));  // the timeout is 20 s
+    CHECK(w.api.was_aborted(r));
+  }
+  check_nothing_left(w);
+}
+
+TEST_CASE("a rank whose constructor fails aborts its peers' constructors in this process at once") {
+  world w;
+  w.before_join = [](fake::runtime& rt, int r) -> fake::stream_impl* {
+    if (r == 1) rt.st->fail_on["device_alloc"] = {1, "cudaErrorMemoryAllocation: out of memory"};
+    return nullptr;
+  };
+  w.run(3, {small}, [&](comm_t&, fake::runtime&, int) { throw std::runtime_error("constructed without rank 1"); });
+  CAPTURE(w.errors[0]);
+  CAPTURE(w.errors[1]);
+  CAPTURE(w.errors[2]);
+  CHECK(w.kinds[1] == ckpt::error_kind::io);
+  CHECK(contains(w.errors[1], "cuda::nccl: cudaMalloc (1000 bytes) failed: cudaErrorMemoryAllocation"));
+  for (int r : {0, 2}) {
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(w.kinds[i] == ckpt::error_kind::communication);
+    CHECK(contains(w.errors[i], "failed: rank 1: cudaMalloc (1000 bytes) failed: cudaErrorMemoryAllocation"));
+    CHECK(w.took[i] < std::chrono::seconds(5));
+  }
+  check_nothing_left(w);
+}
+
+TEST_CASE("no NCCL call is made while the communicator is still joining or connecting to a peer") {
+  // The fake refuses a call on a communicator in progress, as NCCL does: every test above would
+  // fail if one were made. Here: the waits happened (joining, then each first transfer to a peer).
+  world w;
+  w.api.st->connect_polls = 5;
+  std::vector<std::byte> got(2500);
+  w.run(3, {small}, [&](comm_t& c, fake::runtime&, int r) {
+    if (r == 0) {
+      c.send_host(pattern(2500, 3), 1);
+      c.send_host(pattern(2500, 3), 2);
+    } else {
+      c.recv_host(got, 0);
+    }
+    c.barrier();
+  });
+  CAPTURE(w.errors[0]);
+  REQUIRE(w.all_fine());
+  CHECK(got == pattern(2500, 3));
+  // At least the five polls of each of rank 0's two new connections said "in progress".
+  CHECK(w.api.st->in_progress_answers >= 10);
+  check_released(w);
+}
+
+TEST_CASE("every call puts back the caller's current device and leaves nothing in its last-error slot") {
+  world w;
+  std::vector<int> device_after(3, 99);
+  w.before_join = [](fake::runtime& rt, int r) -> fake::stream_impl* {
+    if (r != 2) rt.set_device(5 + r);  // the engine's own GPU; rank 2's thread chose none
+    return nullptr;
+  };
+  device_tensor t(3000, 1), into(3000, 2);
+  w.run(3, {small}, [&](comm_t& c, fake::runtime& rt, int r) {
+    const auto expected = r == 2 ? -1 : 5 + r;
+    if (rt.current_device_now() != expected) throw std::runtime_error("the constructor changed the caller's device");
+    c.barrier();
+    if (r == 0) c.send_tensor(t.ref(), 0, t.ref().nbytes(), 1);
+    if (r == 1) c.recv_tensor(into.ref(), 0, into.ref().nbytes(), 0);
+    (void)c.all_gather(pattern(1500, r));
+    device_after[static_cast<std::size_t>(r)] = rt.current_device_now();
+  });
+  REQUIRE(w.all_fine());
+  CHECK(device_after == std::vector<int>{5, 6, -1});
+  CHECK(into.bytes == t.bytes);
+  for (const auto& rt : w.runtimes) {
+    CHECK(rt.st->not_ready_answers > 0);  // the watchdog did meet "not ready"
+    CAPTURE(joined(rt.errors_left()));
+    CHECK(rt.errors_left().empty());
+  }
+  check_released(w);
+}
+
+TEST_CASE("a failed CUDA call is reported as a ckpt::error and not left in the last-error slot") {
+  world w;
+  std::vector<std::byte> got(1500);
+  w.run(2, {impatient}, [&](comm_t& c, fake::runtime& rt, int r) {
+    if (r == 0) {
+      std::lock_guard lock(rt.st->mu);
+      rt.st->fail_on["copy_async"] = {rt.st->uses["copy_async"] + 1, "cudaErrorLaunchFailure: unspecified launch failure"};
+    }
+    if (r == 0)
+      c.send_host(pattern(1500, 1), 1);
+    else
+      c.recv_host(got, 0);
+  });
+  CHECK(contains(w.errors[0], "cudaErrorLaunchFailure"));
+  CAPTURE(joined(w.runtimes[0].errors_left()));
+  CHECK(w.runtimes[0].errors_left().empty());
+  check_released(w);
+}
+
+TEST_CASE("a user stream on another GPU than the communicator's: transfers still wait for it, and it waits for received bytes") {
+  world w;
+  std::vector<std::unique_ptr<fake::stream_impl>> streams(2);
+  w.before_join = [&](fake::runtime& rt, int r) -> fake::stream_impl* {
+    rt.set_device(1);  // the engine's stream is on cuda:1; the communicator works on cuda:0
+    streams[static_cast<std::size_t>(r)].reset(rt.user_stream("user"));
+    return streams[static_cast<std::size_t>(r)].get();
+  };
+  device_tensor t(5000, 1), into(5000, 2);
+  w.run(2, {small}, [&](comm_t& c, fake::runtime& rt, int r) {
+    auto* user = streams[static_cast<std::size_t>(r)].get();
+    if (r == 0) {
+      rt.launch(user, [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::fill(t.bytes.begin(), t.bytes.end(), std::byte{7});
+      });
+      c.send_tensor(t.ref(), 0, t.ref().nbytes(), 1);
+    } else {
+      c.recv_tensor(into.ref(), 0, into.ref().nbytes(), 0);
+    }
+  });
+  CAPTURE(w.errors[0]);
+  CAPTURE(w.errors[1]);
+  REQUIRE(w.all_fine());
+  CHECK(std::all_of(into.bytes.begin(), into.bytes.end(), [](std::byte b) { return b == std::byte{7}; }));
+  const auto& sent = w.runtimes[0].st->calls;
+  CHECK(std::find(sent.begin(), sent.end(), "record user") != sent.end());
+  const auto& received = w.runtimes[1].st->calls;
+  CHECK(std::find(received.begin(), received.end(), "wait user") != received.end());
   check_released(w);
 }

@@ -7,8 +7,10 @@
 
 #include <ckpt/cuda/nccl.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +22,22 @@ int failures = 0;
 void expect(bool ok, const char* what) {
   std::printf("%s: %s\n", what, ok ? "ok" : "FAILED");
   if (!ok) ++failures;
+}
+
+/// A non-blocking communicator takes no call until ncclCommGetAsyncError says ncclSuccess.
+bool wait_ready(ckpt::cuda::nccl_api& api, ckpt::cuda::nccl_api::comm c) {
+  std::string what;
+  for (int i = 0; i < 600'000; ++i) {
+    const auto st = api.status(c, what);
+    if (st == ckpt::cuda::nccl_status::ready) return true;
+    if (st == ckpt::cuda::nccl_status::failed) {
+      std::printf("NCCL failed: %s\n", what.c_str());
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::printf("NCCL stayed in progress for a minute\n");
+  return false;
 }
 
 std::vector<std::byte> pattern(std::size_t n) {
@@ -39,6 +57,9 @@ int main() {
   try {
     // Small pieces, so that the messages below cross several of them.
     ckpt::cuda::nccl comm{0, 1, 0, [](std::span<std::byte>) {}, nullptr, {.transfer_bytes = std::size_t{1} << 20, .timeout = std::chrono::seconds{60}}};
+    // The caller's current device and last-error slot, which ckpt must leave as they are.
+    int before = -1;
+    cudaGetDevice(&before);
     comm.barrier();
     expect(true, "barrier at 1 rank");
     auto big = pattern((std::size_t{3} << 20) + 5);
@@ -56,6 +77,10 @@ int main() {
     } catch (const ckpt::error&) {
       expect(true, "a send to itself is refused");
     }
+    int after = -1;
+    cudaGetDevice(&after);
+    expect(after == before, "the caller's current device is unchanged");
+    expect(cudaPeekAtLastError() == cudaSuccess, "nothing left in the last-error slot (the watchdog met cudaErrorNotReady)");
 
     // The point-to-point wrappers, on a communicator of their own: a send to itself and the
     // matching receive, grouped (NCCL needs both in one group at one rank).
@@ -63,21 +88,25 @@ int main() {
     ckpt::cuda::runtime rt;
     const auto id = api.make_unique_id();
     auto c = api.init_rank(1, id, 0);
+    expect(wait_ready(api, c), "non-blocking ncclCommInitRank completes");
     auto s = rt.make_stream();
     const std::size_t n = 1000003;
     auto* src = static_cast<std::byte*>(rt.device_alloc(n));
     auto* dst = static_cast<std::byte*>(rt.device_alloc(n));
     auto host = pattern(n), back = std::vector<std::byte>(n);
-    cudaMemcpy(src, host.data(), n, cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return before its DMA has landed, and `s` is a
+    // non-blocking stream that does not wait for it: synchronise before NCCL reads `src`.
+    expect(cudaMemcpy(src, host.data(), n, cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy to the device");
+    expect(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
     api.group_start();
     api.send(src, n, 0, c, s);
     api.recv(dst, n, 0, c, s);
     api.group_end();
-    while (!rt.query(s)) {
-    }
+    expect(wait_ready(api, c), "the grouped send and receive were taken");
+    while (!rt.query(s)) rt.clear_error();
     std::string what;
-    expect(!api.async_error(c, what), "no asynchronous error");
-    cudaMemcpy(back.data(), dst, n, cudaMemcpyDeviceToHost);
+    expect(api.status(c, what) == ckpt::cuda::nccl_status::ready, "no asynchronous error");
+    expect(cudaMemcpy(back.data(), dst, n, cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy to the host");
     expect(back == host, "ncclSend and ncclRecv to itself, grouped");
     rt.device_free(src);
     rt.device_free(dst);

@@ -21,6 +21,7 @@
 #include "../error.hpp"
 #include "../lent_buffer.hpp"
 #include "../tensor.hpp"
+#include "device_guard.hpp"
 
 namespace ckpt::cuda {
 
@@ -55,7 +56,14 @@ struct device_copy_options {
 /// Ordering with your work: before its first copy from or to a GPU, each call makes ckpt's
 /// stream wait for everything already enqueued on `user_stream` (default: the legacy default
 /// stream), so kernels that produced a tensor before `save` are observed, and your kernels
-/// enqueued after `load` returns see the loaded bytes.
+/// enqueued after `load` returns see the loaded bytes. `user_stream` may belong to another GPU
+/// than a tensor: ckpt's stream on the tensor's GPU then waits for an event recorded on your
+/// stream's GPU (CUDA orders streams across devices through events). The legacy and the
+/// per-thread default streams stand for the default stream of each tensor's own GPU.
+///
+/// The CUDA contract a host engine relies on: every call leaves the calling thread's current
+/// device (its current context) as it found it, and leaves nothing in the thread's last-error
+/// slot (a failure ckpt reports as a `ckpt::error`, or recovers from, is cleared there).
 ///
 /// Errors from the runtime become `ckpt::error` naming the call, the runtime's error string
 /// and the tensor (its device, dtype, shape and the byte range).
@@ -83,6 +91,7 @@ class basic_device_copy {
       std::memcpy(dst.data(), t.data() + offset, dst.size());
       return;
     }
+    detail::device_guard<Runtime> guard(*rt_);
     auto& ctx = context(t.where().id, t);
     order_after_user(ctx, t);
     const auto n = dst.size();
@@ -122,6 +131,7 @@ class basic_device_copy {
       std::memcpy(t.data() + offset, src.data(), src.size());
       return;
     }
+    detail::device_guard<Runtime> guard(*rt_);
     auto& ctx = context(t.where().id, t);
     order_after_user(ctx, t);
     const auto n = src.size();
@@ -162,6 +172,7 @@ class basic_device_copy {
     try {
       return lent_->lend(n, lent_);
     } catch (const typename Runtime::failure&) {
+      rt_->clear_error();  // recovered from: not the caller's error
       return {};
     }
   }
@@ -188,13 +199,14 @@ class basic_device_copy {
     typename Runtime::event before{}, after{};
     std::vector<slot> slots;
     ~gpu_context() {
+      detail::device_guard<Runtime> guard(*rt);
       try {
         rt->set_device(device);
         // Copies still queued (a call that failed part-way) must not outlive the pinned
         // buffers they read or write.
         if (stream) rt->sync(stream);
       } catch (...) {
-        // releasing what can be released is all that is left to do
+        rt->clear_error();  // releasing what can be released is all that is left to do
       }
       for (auto& s : slots) {
         if (s.host) rt->host_free(s.host);
@@ -228,11 +240,48 @@ class basic_device_copy {
     return *c;
   }
 
-  /// ckpt's stream waits for what the user enqueued so far.
+  /// ckpt's stream waits for what the user enqueued so far. An event must be recorded on a
+  /// stream of its own device: for a user stream on another GPU than the tensor, the event is
+  /// one made on that GPU, recorded there; ckpt's stream may wait for it from any device.
   void order_after_user(gpu_context& ctx, const tensor_ref& t) {
-    call(t, 0, 0, "cudaEventRecord (user stream)", [&] { rt_->record(ctx.before, user_); });
-    call(t, 0, 0, "cudaStreamWaitEvent", [&] { rt_->wait(ctx.stream, ctx.before); });
+    const int on = user_device(t);
+    if (on < 0 || on == ctx.device) {
+      call(t, 0, 0, "cudaEventRecord (user stream)", [&] { rt_->record(ctx.before, user_); });
+      call(t, 0, 0, "cudaStreamWaitEvent", [&] { rt_->wait(ctx.stream, ctx.before); });
+      return;
+    }
+    const std::string where = " (user stream, on cuda:" + std::to_string(on) + ")";
+    call(t, 0, 0, "cudaSetDevice" + where, [&] { rt_->set_device(on); });
+    auto& ev = user_events_[on];
+    if (!ev) {
+      auto fresh = std::make_unique<owned_event>(rt_);
+      call(t, 0, 0, "cudaEventCreateWithFlags" + where, [&] { fresh->e = rt_->make_event(); });
+      ev = std::move(fresh);
+    }
+    call(t, 0, 0, "cudaEventRecord" + where, [&] { rt_->record(ev->e, user_); });
+    call(t, 0, 0, "cudaSetDevice", [&] { rt_->set_device(ctx.device); });
+    call(t, 0, 0, "cudaStreamWaitEvent", [&] { rt_->wait(ctx.stream, ev->e); });
   }
+
+  /// The GPU `user_stream` belongs to, asked once; -1 for the default streams, which stand for
+  /// each tensor's own GPU.
+  int user_device(const tensor_ref& t) {
+    if (!user_device_known_) {
+      call(t, 0, 0, "cudaStreamGetDevice (user stream)", [&] { user_device_ = rt_->stream_device(user_); });
+      user_device_known_ = true;
+    }
+    return user_device_;
+  }
+
+  /// An event made on the user stream's GPU, released with the policy.
+  struct owned_event {
+    explicit owned_event(std::shared_ptr<Runtime> r) : rt(std::move(r)) {}
+    ~owned_event() { rt->destroy(e); }
+    owned_event(const owned_event&) = delete;
+    owned_event& operator=(const owned_event&) = delete;
+    std::shared_ptr<Runtime> rt;
+    typename Runtime::event e{};
+  };
 
   /// Runs one runtime call; its failure becomes a ckpt::error naming the call and the tensor.
   template <class F>
@@ -240,6 +289,7 @@ class basic_device_copy {
     try {
       f();
     } catch (const typename Runtime::failure& e) {
+      rt_->clear_error();  // reported here, as a ckpt::error: not left for the caller's next check
       throw error(error_kind::io, "cuda::device_copy: " + what + " failed: " + e.what() + " (tensor " + describe(t) +
                                       (len ? ", bytes [" + std::to_string(at) + ", " + std::to_string(at + len) + ")" : "") +
                                       ")");
@@ -337,6 +387,9 @@ class basic_device_copy {
   device_copy_options options_;
   std::shared_ptr<lending> lent_;
   std::map<int, std::unique_ptr<gpu_context>> contexts_;
+  std::map<int, std::unique_ptr<owned_event>> user_events_;  // by GPU, for a user stream on another GPU
+  int user_device_ = -1;
+  bool user_device_known_ = false;
 };
 
 }  // namespace ckpt::cuda

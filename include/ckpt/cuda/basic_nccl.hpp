@@ -8,11 +8,13 @@
 /// This header includes no CUDA or NCCL header.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -25,8 +27,14 @@
 
 #include "../error.hpp"
 #include "../tensor.hpp"
+#include "device_guard.hpp"
 
 namespace ckpt::cuda {
+
+/// Where an NCCL communicator stands, as `ncclCommGetAsyncError` reports it: `in_progress`
+/// while a non-blocking initialisation or a connection to a peer is still being made (no NCCL
+/// call may be made on it meanwhile), `failed` once it hit an error.
+enum class nccl_status { ready, in_progress, failed };
 
 /// How a `basic_nccl` communicator moves bytes, and how long it waits for its peers.
 ///
@@ -39,8 +47,11 @@ struct nccl_options {
   /// bytes, so the two sides of a send and its receive make the same NCCL calls. **Every rank
   /// must use the same value** (the constructor checks it). At least 16 bytes, and 8 bytes per rank.
   std::size_t transfer_bytes{std::size_t{8} << 20};
-  /// How long one call waits for its bytes before it decides that a peer is gone, aborts the
-  /// NCCL communicator and throws. Generous: a peer may be busy writing a checkpoint.
+  /// How long one call waits for its bytes, and the constructor for every rank to join
+  /// (ncclCommInitRank), before it decides that a peer is gone, aborts the NCCL communicator
+  /// and throws. Generous: a peer may be busy writing a checkpoint. A job with its own
+  /// watchdog (a launcher's, or a test harness's) sets it below that watchdog's, so that the
+  /// stall is reported by ckpt, naming the operation and the peer, rather than killed silently.
   std::chrono::milliseconds timeout{std::chrono::minutes{10}};
 };
 
@@ -63,11 +74,21 @@ struct nccl_options {
 /// After that, and after any failed CUDA or NCCL call, every call on the communicator throws at
 /// once: the ranks no longer agree on which transfer comes next, so make a new one on every rank.
 ///
+/// Joining is bounded too: the constructor initialises the NCCL communicator without blocking
+/// and waits at most `timeout` for every rank to join. Ranks that are threads of one process
+/// (one GPU each) learn of each other's failures at once: a rank whose constructor fails, or
+/// whose communicator is aborted, aborts its peers' in this process at their next wait, and a
+/// thread that fails before it could construct its communicator calls `give_up(id, rank, why)`
+/// so its peers stop waiting for it. Ranks in other processes see NCCL's error or the timeout.
+///
 /// Copies share one NCCL communicator (the checkpointer holds its policy by value); calls are
 /// serialised by a mutex, so it may be used from the checkpointer's background thread
 /// (`save_async`). As with every Communicator, all ranks make the same calls in the same order.
 ///
-/// The calling thread's current CUDA device is set to the communicator's on each call.
+/// The CUDA contract a host engine relies on: each call makes the communicator's GPU current
+/// while it works and puts the calling thread's current device back before it returns, and
+/// leaves nothing in the thread's last-error slot. `user_stream` may belong to another GPU
+/// than the communicator's: the ordering events are then recorded on that GPU.
 ///
 /// @code
 /// // rank 0 makes the id; any bootstrap can carry its bytes (nccl_over_mpi uses MPI_Bcast)
@@ -93,6 +114,19 @@ class basic_nccl {
 
   /// An unbound communicator: every call throws until one made with a unique id is assigned.
   basic_nccl() = default;
+
+  /// Tells the ranks of communicator `id` in this process that rank `rank` will never join or
+  /// make another call (it failed before it could construct its communicator, say): their
+  /// constructors and calls then abort and throw at once, naming the rank and `why`, instead
+  /// of waiting out the timeout. Ranks in other processes are not reached; they time out.
+  ///
+  /// @code
+  /// try { /* set up this rank's GPU, then */ ckpt::cuda::nccl comm{rank, size, gpu, id, stream}; /* ... */ }
+  /// catch (const std::exception& e) { ckpt::cuda::nccl::give_up(id, rank, e.what()); throw; }
+  /// @endcode
+  static void give_up(const unique_id& id, int rank, const std::string& why) {
+    fail_world(*world_of(id), rank, why);
+  }
 
   /// Joins the NCCL communicator `id` names as rank `rank` of `size`, on GPU `device`.
   /// Collective: every rank constructs its own at the same time, with the same id and options.
@@ -139,8 +173,7 @@ class basic_nccl {
   /// Returns once every rank has called it.
   void barrier() {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     op o{"barrier"};
     std::uint64_t v[1] = {0};
     reduce_max(s, o, v);
@@ -149,8 +182,7 @@ class basic_nccl {
   /// The largest of every rank's `x`.
   std::uint64_t all_reduce_max(std::uint64_t x) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     op o{"all_reduce_max"};
     std::uint64_t v[1] = {x};
     reduce_max(s, o, v);
@@ -161,8 +193,7 @@ class basic_nccl {
   /// pieces of `transfer_bytes`.
   void broadcast(std::vector<std::byte>& bytes, int root) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     check_peer(s, root, "broadcast", true);
     op o{"broadcast", root, true};
     std::uint64_t n = s.rank == root ? bytes.size() : 0;
@@ -181,8 +212,7 @@ class basic_nccl {
   /// the scratch buffer is never exceeded.
   std::vector<std::vector<std::byte>> all_gather(std::span<const std::byte> mine) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     op o{"all_gather"};
     const auto sizes = gather_sizes(s, o, mine.size());
     std::vector<std::vector<std::byte>> all(sizes.size());
@@ -209,8 +239,7 @@ class basic_nccl {
   /// point, and the root receives them rank after rank.
   std::vector<std::vector<std::byte>> gather(std::span<const std::byte> mine, int root) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     check_peer(s, root, "gather", true);
     op o{"gather", root, true};
     const auto sizes = gather_sizes(s, o, mine.size());
@@ -253,8 +282,7 @@ class basic_nccl {
   /// Sends host bytes to `peer`, through pinned memory; returns once they have left.
   void send_host(std::span<const std::byte> bytes, int peer) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     check_peer(s, peer, "send_host", false);
     op o{"send_host", peer};
     o.total = bytes.size();
@@ -264,8 +292,7 @@ class basic_nccl {
   /// Receives `bytes.size()` bytes from `peer` into host memory; returns once they are there.
   void recv_host(std::span<std::byte> bytes, int peer) {
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     check_peer(s, peer, "recv_host", false);
     op o{"recv_host", peer};
     o.total = bytes.size();
@@ -289,23 +316,54 @@ class basic_nccl {
     const tensor_ref* t = nullptr;
   };
 
+  /// The ranks of one NCCL communicator (one unique id) that are threads of this process, and
+  /// whether one of them failed: the others abort at their next wait instead of hanging.
+  struct world {
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    std::string why;  // the first failure: "rank R: ..."
+  };
+
+  /// The world of `id` in this process, made on first use.
+  static std::shared_ptr<world> world_of(const unique_id& id) {
+    static std::mutex mu;
+    static std::map<decltype(unique_id{}.bytes), std::shared_ptr<world>> all;
+    std::lock_guard lock(mu);
+    // Worlds no communicator holds any more are forgotten; failed ones are kept (they are
+    // small and rare), so a rank that joins after a peer gave up still learns of it.
+    for (auto it = all.begin(); it != all.end();)
+      it = it->second.use_count() == 1 && !it->second->failed ? all.erase(it) : std::next(it);
+    auto& w = all[id.bytes];
+    if (!w) w = std::make_shared<world>();
+    return w;
+  }
+
+  static void fail_world(world& w, int rank, const std::string& why) {
+    std::lock_guard lock(w.mu);
+    if (w.failed) return;
+    w.why = "rank " + std::to_string(rank) + ": " + why;
+    w.failed = true;
+  }
+
   struct state {
     state(Runtime r, Api a) : rt(std::move(r)), api(std::move(a)) {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
+      detail::device_guard<Runtime> guard(rt);
       try {
         rt.set_device(device);
         // Operations still queued (a call that failed part-way) must not outlive the buffers
         // they read or write. After an abort NCCL's kernels return, so this does not hang.
         if (stream) rt.sync(stream);
       } catch (...) {
-        // releasing what can be released is all that is left to do
+        rt.clear_error();  // releasing what can be released is all that is left to do
       }
       rt.device_free(scratch);
       rt.host_free(pinned);
       rt.destroy(before);
       rt.destroy(after);
+      rt.destroy(user_before);
       rt.destroy(stream);
       // An aborted communicator is already gone.
       if (has_comm && !aborted) api.destroy(comm);
@@ -314,9 +372,12 @@ class basic_nccl {
     Runtime rt;
     Api api;
     int rank = 0, size = 1, device = 0;
+    int user_device = -1;  // the user stream's GPU, when it is not `device`; -1 otherwise
     nccl_options options;
     stream_type user{}, stream{};
     typename Runtime::event before{}, after{};
+    typename Runtime::event user_before{};  // made on user_device, when there is one
+    std::shared_ptr<world> peers;           // this communicator's ranks in this process
     typename Api::comm comm{};
     bool has_comm = false, aborted = false;
     std::byte* scratch = nullptr;  // device
@@ -331,8 +392,7 @@ class basic_nccl {
   void transfer_tensor(const tensor_ref& t, std::uint64_t offset, std::uint64_t bytes, int peer, bool receive) {
     const char* name = receive ? "recv_tensor" : "send_tensor";
     auto& s = use();
-    std::lock_guard lock(s.mu);
-    healthy(s);
+    session in(s);
     check_peer(s, peer, name, false);
     check_tensor(s, t, offset, bytes, name, receive);
     op o{name, peer};
@@ -354,9 +414,9 @@ class basic_nccl {
       std::byte* piece = t.data() + offset + at;
       const auto n = static_cast<std::size_t>(o.len);
       if (receive)
-        call(s, o, "ncclRecv", [&] { s.api.recv(piece, n, peer, s.comm, s.stream); });
+        enqueue(s, o, "ncclRecv", [&] { s.api.recv(piece, n, peer, s.comm, s.stream); });
       else
-        call(s, o, "ncclSend", [&] { s.api.send(piece, n, peer, s.comm, s.stream); });
+        enqueue(s, o, "ncclSend", [&] { s.api.send(piece, n, peer, s.comm, s.stream); });
     }
     o.at = 0;
     o.len = bytes;
@@ -387,7 +447,13 @@ class basic_nccl {
 
   void connect(int rank, int size, int device, const unique_id& id, stream_type user_stream, nccl_options options, Runtime rt,
                Api api) {
-    check_world(rank, size, options);
+    auto peers = world_of(id);
+    try {
+      check_world(rank, size, options);
+    } catch (const error& e) {
+      fail_world(*peers, rank, e.what());
+      throw;
+    }
     // Each resource goes into the state as soon as it exists, so a failure part-way releases
     // what was made (the state's destructor frees whatever is set).
     auto fresh = std::make_shared<state>(std::move(rt), std::move(api));
@@ -397,18 +463,49 @@ class basic_nccl {
     s.device = device;
     s.options = options;
     s.user = user_stream;
+    s.peers = std::move(peers);
+    detail::device_guard<Runtime> guard(s.rt);
+    try {
+      join(s, id);
+    } catch (const error& e) {
+      // This rank will make no call: its peers in this process must not wait for it.
+      fail_world(*s.peers, rank, e.what());
+      throw;
+    }
+    s_ = std::move(fresh);
+  }
+
+  /// The constructor's work: resources, then the NCCL communicator, joined without blocking
+  /// and waited for with the timeout, then the check that every rank has the same options.
+  static void join(state& s, const unique_id& id) {
+    const int rank = s.rank, size = s.size, device = s.device;
+    const auto& options = s.options;
     op o{"constructor"};
     const auto tb = std::to_string(options.transfer_bytes);
     call(s, o, "cudaSetDevice", [&] { s.rt.set_device(device); });
+    call(s, o, "cudaStreamGetDevice (user stream)", [&] {
+      const int on = s.rt.stream_device(s.user);
+      s.user_device = on == device ? -1 : on;
+    });
     call(s, o, "cudaStreamCreateWithFlags", [&] { s.stream = s.rt.make_stream(); });
     call(s, o, "cudaEventCreateWithFlags", [&] { s.before = s.rt.make_event(); });
     call(s, o, "cudaEventCreateWithFlags", [&] { s.after = s.rt.make_event(); });
+    if (s.user_device >= 0) {
+      // An event is recorded on a stream of its own GPU: the one for the user's stream is made there.
+      const std::string where = " (user stream, on cuda:" + std::to_string(s.user_device) + ")";
+      call(s, o, "cudaSetDevice" + where, [&] { s.rt.set_device(s.user_device); });
+      call(s, o, "cudaEventCreateWithFlags" + where, [&] { s.user_before = s.rt.make_event(); });
+      call(s, o, "cudaSetDevice", [&] { s.rt.set_device(device); });
+    }
     call(s, o, "cudaMalloc (" + tb + " bytes)",
          [&] { s.scratch = static_cast<std::byte*>(s.rt.device_alloc(options.transfer_bytes)); });
     call(s, o, "cudaHostAlloc (" + tb + " bytes)", [&] { s.pinned = static_cast<std::byte*>(s.rt.host_alloc(options.transfer_bytes)); });
-    call(s, o, "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", cuda:" + std::to_string(device) + ")",
-         [&] { s.comm = s.api.init_rank(size, id, rank); });
+    const std::string init = "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", cuda:" + std::to_string(device) + ")";
+    call(s, o, init, [&] { s.comm = s.api.init_rank(size, id, rank); });
     s.has_comm = true;
+    // Non-blocking: the communicator exists at once and is ready when every rank has joined.
+    o.name = "constructor (ncclCommInitRank: waiting for every rank to join)";
+    settle(s, o);
     // Pieces must split the same on both sides of every transfer: all ranks need the same
     // transfer_bytes. The max of x and of ~x give the largest and the smallest in one call.
     std::uint64_t v[2] = {options.transfer_bytes, ~std::uint64_t{options.transfer_bytes}};
@@ -420,7 +517,6 @@ class basic_nccl {
                   "cuda::nccl: the ranks disagree on nccl_options::transfer_bytes (this rank, " + std::to_string(rank) + ": " + tb +
                       "; smallest: " + std::to_string(smallest) + "; largest: " + std::to_string(largest) +
                       "): every rank must use the same value, since a send and its receive must split into the same pieces");
-    s_ = std::move(fresh);
   }
 
   state& use() const {
@@ -431,15 +527,23 @@ class basic_nccl {
     return *s_;
   }
 
-  /// Refuses calls on a broken communicator, and makes its GPU current on the calling thread:
-  /// calls come from whichever thread saves (save_async's background thread among them), and
-  /// a thread with no current device would otherwise create a context on GPU 0.
-  static void healthy(state& s) {
-    if (!s.broken.empty())
-      throw error(error_kind::communication, "cuda::nccl: the communicator was aborted after " + s.broken +
-                                                 "; every rank must make a new one");
-    call(s, op{"set device"}, "cudaSetDevice", [&] { s.rt.set_device(s.device); });
-  }
+  /// One public call: holds the communicator's lock, refuses a broken communicator, and makes
+  /// its GPU current on the calling thread for the call's length. Calls come from whichever
+  /// thread saves (save_async's background thread among them), and a thread with no current
+  /// device would otherwise create a context on GPU 0; the caller's own device is put back.
+  class session {
+   public:
+    explicit session(state& s) : lock_(s.mu), guard_(s.rt) {
+      if (!s.broken.empty())
+        throw error(error_kind::communication, "cuda::nccl: the communicator was aborted after " + s.broken +
+                                                   "; every rank must make a new one");
+      call(s, op{"set device"}, "cudaSetDevice", [&] { s.rt.set_device(s.device); });
+    }
+
+   private:
+    std::lock_guard<std::mutex> lock_;
+    detail::device_guard<Runtime> guard_;
+  };
 
   static void check_peer(const state& s, int peer, const char* what, bool root) {
     if (peer < 0 || peer >= s.size || (!root && peer == s.rank))
@@ -490,6 +594,8 @@ class basic_nccl {
       s.aborted = true;
     }
     if (s.broken.empty()) s.broken = why;
+    // The peers in this process would wait for this rank's next call: they abort too.
+    if (s.peers) fail_world(*s.peers, s.rank, why);
     return error(kind, message + (s.has_comm ? "; the NCCL communicator was aborted" : ""));
   }
 
@@ -500,6 +606,7 @@ class basic_nccl {
     try {
       return f();
     } catch (const typename Runtime::failure& e) {
+      s.rt.clear_error();  // reported here, as a ckpt::error: not left for the caller's next check
       const std::string m = std::string(name) + " failed: " + e.what() + " (" + describe(o) + ")";
       throw break_with(s, error_kind::io, "cuda::nccl: " + m, m);
     } catch (const typename Api::failure& e) {
@@ -517,16 +624,59 @@ class basic_nccl {
   /// matching call) would leave cudaStreamSynchronize waiting forever, so the stream and NCCL's
   /// error state are polled, and the wait gives up after `timeout`.
   static void watch(state& s, const op& o) {
+    wait_until(s, o, [&] {
+      if (status(s, o) == nccl_status::in_progress) return false;
+      if (call(s, o, "cudaStreamQuery", [&] { return s.rt.query(s.stream); })) return true;
+      s.rt.clear_error();  // the runtime records "not ready" in the thread's last-error slot
+      return false;
+    });
+  }
+
+  /// After an NCCL call: a non-blocking communicator may still be joining, or connecting to a
+  /// peer, and takes no other call until it is ready.
+  static void settle(state& s, const op& o) {
+    wait_until(s, o, [&] { return status(s, o) == nccl_status::ready; });
+  }
+
+  /// One NCCL operation enqueued on ckpt's stream, and the communicator ready for the next call.
+  template <class F>
+  static void enqueue(state& s, const op& o, std::string_view name, F&& f) {
+    call(s, o, name, std::forward<F>(f));
+    settle(s, o);
+  }
+
+  /// NCCL's word on the communicator; an error aborts it and throws.
+  static nccl_status status(state& s, const op& o) {
+    std::string what;
+    const auto st = call(s, o, "ncclCommGetAsyncError", [&] { return s.api.status(s.comm, what); });
+    if (st == nccl_status::failed) {
+      const std::string m = std::string(o.name) + " failed: NCCL reported " + what + " (" + describe(o) + ")";
+      throw break_with(s, error_kind::communication, "cuda::nccl: " + m, m);
+    }
+    return st;
+  }
+
+  /// Polls `done` until it says so. Never blocks in the runtime or in NCCL: a peer that died
+  /// (or never makes the matching call) would leave a blocking wait waiting forever. Gives up,
+  /// aborting the communicator, when a rank of this process failed or after the timeout.
+  template <class Done>
+  static void wait_until(state& s, const op& o, Done done) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto pause = std::chrono::microseconds{100};
     for (;;) {
-      std::string what;
-      if (call(s, o, "ncclCommGetAsyncError", [&] { return s.api.async_error(s.comm, what); })) {
-        const std::string m = std::string(o.name) + " failed: NCCL reported " + what + " (" + describe(o) + ")";
-        throw break_with(s, error_kind::communication, "cuda::nccl: " + m, m);
+      // What has finished has finished: a peer's failure is met at the next wait.
+      if (done()) return;
+      if (s.peers && s.peers->failed) {
+        std::string why;
+        {
+          std::lock_guard lock(s.peers->mu);
+          why = s.peers->why;
+        }
+        const std::string m = std::string(o.name) + " failed: " + why + " (" + describe(o) + ")";
+        const std::string mine = "a peer in this process failed (" + why + ")";
+        throw break_with(s, error_kind::communication, "cuda::nccl: " + m, mine);
       }
-      if (call(s, o, "cudaStreamQuery", [&] { return s.rt.query(s.stream); })) return;
       if (clock::now() - start > s.options.timeout) {
         const std::string who = o.peer >= 0 && !o.root ? "is rank " + std::to_string(o.peer) + " still running and making the matching call?"
                                                        : "is every rank still running and making the same calls?";
@@ -541,8 +691,16 @@ class basic_nccl {
 
   /// ckpt's stream waits for what the user enqueued so far.
   static void order_after_user(state& s, const op& o) {
-    call(s, o, "cudaEventRecord (user stream)", [&] { s.rt.record(s.before, s.user); });
-    call(s, o, "cudaStreamWaitEvent", [&] { s.rt.wait(s.stream, s.before); });
+    if (s.user_device < 0) {
+      call(s, o, "cudaEventRecord (user stream)", [&] { s.rt.record(s.before, s.user); });
+      call(s, o, "cudaStreamWaitEvent", [&] { s.rt.wait(s.stream, s.before); });
+      return;
+    }
+    const std::string where = " (user stream, on cuda:" + std::to_string(s.user_device) + ")";
+    call(s, o, "cudaSetDevice" + where, [&] { s.rt.set_device(s.user_device); });
+    call(s, o, "cudaEventRecord" + where, [&] { s.rt.record(s.user_before, s.user); });
+    call(s, o, "cudaSetDevice", [&] { s.rt.set_device(s.device); });
+    call(s, o, "cudaStreamWaitEvent", [&] { s.rt.wait(s.stream, s.user_before); });
   }
 
   // ----- staged transfers ---------------------------------------------------------------------
@@ -554,7 +712,7 @@ class basic_nccl {
       o.len = len;
       std::memcpy(s.pinned, src + at, len);
       call(s, o, "cudaMemcpyAsync (host to device)", [&] { s.rt.copy_async(s.scratch, s.pinned, len, s.stream); });
-      call(s, o, "ncclSend", [&] { s.api.send(s.scratch, len, peer, s.comm, s.stream); });
+      enqueue(s, o, "ncclSend", [&] { s.api.send(s.scratch, len, peer, s.comm, s.stream); });
       // The pinned buffer and the scratch are refilled for the next piece: this one must be gone.
       watch(s, o);
     }
@@ -565,7 +723,7 @@ class basic_nccl {
       const std::size_t len = std::min(s.options.transfer_bytes, n - at);
       o.at = at;
       o.len = len;
-      call(s, o, "ncclRecv", [&] { s.api.recv(s.scratch, len, peer, s.comm, s.stream); });
+      enqueue(s, o, "ncclRecv", [&] { s.api.recv(s.scratch, len, peer, s.comm, s.stream); });
       call(s, o, "cudaMemcpyAsync (device to host)", [&] { s.rt.copy_async(s.pinned, s.scratch, len, s.stream); });
       watch(s, o);
       std::memcpy(dst + at, s.pinned, len);
@@ -579,7 +737,7 @@ class basic_nccl {
       std::memcpy(s.pinned, data, n);
       call(s, o, "cudaMemcpyAsync (host to device)", [&] { s.rt.copy_async(s.scratch, s.pinned, n, s.stream); });
     }
-    call(s, o, "ncclBroadcast", [&] { s.api.broadcast(s.scratch, s.scratch, n, root, s.comm, s.stream); });
+    enqueue(s, o, "ncclBroadcast", [&] { s.api.broadcast(s.scratch, s.scratch, n, root, s.comm, s.stream); });
     if (!me) call(s, o, "cudaMemcpyAsync (device to host)", [&] { s.rt.copy_async(s.pinned, s.scratch, n, s.stream); });
     watch(s, o);
     if (!me) std::memcpy(data, s.pinned, n);
@@ -591,7 +749,7 @@ class basic_nccl {
     std::memcpy(s.pinned, v.data(), n);
     auto* dev = reinterpret_cast<std::uint64_t*>(s.scratch);
     call(s, o, "cudaMemcpyAsync (host to device)", [&] { s.rt.copy_async(s.scratch, s.pinned, n, s.stream); });
-    call(s, o, "ncclAllReduce", [&] { s.api.all_reduce_max_u64(dev, dev, v.size(), s.comm, s.stream); });
+    enqueue(s, o, "ncclAllReduce", [&] { s.api.all_reduce_max_u64(dev, dev, v.size(), s.comm, s.stream); });
     call(s, o, "cudaMemcpyAsync (device to host)", [&] { s.rt.copy_async(s.pinned, s.scratch, n, s.stream); });
     watch(s, o);
     std::memcpy(v.data(), s.pinned, n);
@@ -605,7 +763,7 @@ class basic_nccl {
     std::memset(s.pinned, 0, per);
     if (!piece.empty()) std::memcpy(s.pinned, piece.data(), piece.size());
     call(s, o, "cudaMemcpyAsync (host to device)", [&] { s.rt.copy_async(mine, s.pinned, per, s.stream); });
-    call(s, o, "ncclAllGather", [&] { s.api.all_gather(mine, s.scratch, per, s.comm, s.stream); });
+    enqueue(s, o, "ncclAllGather", [&] { s.api.all_gather(mine, s.scratch, per, s.comm, s.stream); });
     call(s, o, "cudaMemcpyAsync (device to host)", [&] { s.rt.copy_async(s.pinned, s.scratch, all, s.stream); });
     watch(s, o);
     return s.pinned;

@@ -15,6 +15,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "basic_nccl.hpp"  // nccl_status (it includes no CUDA or NCCL header)
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +51,11 @@ struct nccl_api {
   static void check(ncclResult_t r) {
     if (r != ncclSuccess) throw failure(describe(r), static_cast<int>(r));
   }
+  /// For calls on a non-blocking communicator: ncclInProgress says the call was taken and the
+  /// communicator is busy (connecting to a peer); the caller polls `status` before the next.
+  static void check_enqueued(ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress) throw failure(describe(r), static_cast<int>(r));
+  }
 
   unique_id make_unique_id() {
     ncclUniqueId id;
@@ -57,11 +64,20 @@ struct nccl_api {
     std::memcpy(out.bytes.data(), &id, sizeof id);
     return out;
   }
+  /// Starts joining communicator `id` without blocking (ncclCommInitRankConfig with
+  /// `blocking = 0`): the communicator exists at once, `status` says `in_progress` until every
+  /// rank has joined, and `abort` can end the wait for a rank that never comes.
   comm init_rank(int size, const unique_id& id, int rank) {
     ncclUniqueId raw;
     std::memcpy(&raw, id.bytes.data(), sizeof raw);
     comm c = nullptr;
-    check(ncclCommInitRank(&c, size, raw, rank));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&c, size, raw, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (c) ncclCommAbort(c);
+      throw failure(describe(r), static_cast<int>(r));
+    }
     return c;
   }
   void destroy(comm c) noexcept {
@@ -71,33 +87,34 @@ struct nccl_api {
   void abort(comm c) noexcept {
     if (c) ncclCommAbort(c);
   }
-  /// Whether the communicator hit an error while its operations ran (a peer died, the network
-  /// failed); `what` gets NCCL's description. ncclInProgress means "still initialising", which
-  /// is not an error.
-  bool async_error(comm c, std::string& what) {
+  /// Where the communicator stands: ready, still joining or connecting (ncclInProgress), or
+  /// failed while its operations ran (a peer died, the network failed), `what` then getting
+  /// NCCL's description.
+  nccl_status status(comm c, std::string& what) {
     ncclResult_t state = ncclSuccess;
     check(ncclCommGetAsyncError(c, &state));
-    if (state == ncclSuccess || state == ncclInProgress) return false;
+    if (state == ncclSuccess) return nccl_status::ready;
+    if (state == ncclInProgress) return nccl_status::in_progress;
     what = describe(state);
-    return true;
+    return nccl_status::failed;
   }
 
   void send(const void* data, std::size_t bytes, int peer, comm c, stream s) {
-    check(ncclSend(data, bytes, ncclUint8, peer, c, s));
+    check_enqueued(ncclSend(data, bytes, ncclUint8, peer, c, s));
   }
-  void recv(void* data, std::size_t bytes, int peer, comm c, stream s) { check(ncclRecv(data, bytes, ncclUint8, peer, c, s)); }
+  void recv(void* data, std::size_t bytes, int peer, comm c, stream s) { check_enqueued(ncclRecv(data, bytes, ncclUint8, peer, c, s)); }
   void all_reduce_max_u64(const std::uint64_t* send, std::uint64_t* recv, std::size_t count, comm c, stream s) {
-    check(ncclAllReduce(send, recv, count, ncclUint64, ncclMax, c, s));
+    check_enqueued(ncclAllReduce(send, recv, count, ncclUint64, ncclMax, c, s));
   }
   /// `recv` holds size * bytes_per_rank bytes; rank r's contribution lands at r * bytes_per_rank.
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, comm c, stream s) {
-    check(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, c, s));
+    check_enqueued(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, c, s));
   }
   void broadcast(const void* send, void* recv, std::size_t bytes, int root, comm c, stream s) {
-    check(ncclBroadcast(send, recv, bytes, ncclUint8, root, c, s));
+    check_enqueued(ncclBroadcast(send, recv, bytes, ncclUint8, root, c, s));
   }
   void group_start() { check(ncclGroupStart()); }
-  void group_end() { check(ncclGroupEnd()); }
+  void group_end() { check_enqueued(ncclGroupEnd()); }
 };
 
 }  // namespace ckpt::cuda
