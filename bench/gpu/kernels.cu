@@ -27,7 +27,7 @@ __global__ void fill(unsigned char* p, std::uint64_t n, std::uint32_t seed, bool
     p[i] = pattern_byte(i, seed, boolean);
 }
 
-__global__ void count_mismatches(const unsigned char* p, std::uint64_t n, std::uint32_t seed, bool boolean,
+__global__ void count_mismatches_kernel(const unsigned char* p, std::uint64_t n, std::uint32_t seed, bool boolean,
                                  unsigned long long* bad) {
   unsigned long long mine = 0;
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x)
@@ -44,16 +44,21 @@ void fill_pattern(void* p, std::uint64_t n, std::uint32_t seed, bool boolean, cu
   fill<<<1024, 256, 0, s>>>(static_cast<unsigned char*>(p), n, seed, boolean, spin_cycles);
 }
 
-std::uint64_t mismatches(const void* p, std::uint64_t n, std::uint32_t seed, bool boolean) {
-  if (n == 0) return 0;
-  unsigned long long* bad = nullptr;
-  cudaMalloc(&bad, sizeof *bad);
-  cudaMemset(bad, 0, sizeof *bad);
-  count_mismatches<<<1024, 256>>>(static_cast<const unsigned char*>(p), n, seed, boolean, bad);
+cudaError_t count_mismatches(const void* p, std::uint64_t n, std::uint32_t seed, bool boolean, std::uint64_t* bad) {
+  *bad = 0;
+  if (n == 0) return cudaSuccess;
+  unsigned long long* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof *d);
+  if (e != cudaSuccess) return e;
   unsigned long long h = ~0ull;
-  cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost);
-  cudaFree(bad);
-  return h;
+  if ((e = cudaMemset(d, 0, sizeof *d)) == cudaSuccess) {
+    count_mismatches_kernel<<<1024, 256>>>(static_cast<const unsigned char*>(p), n, seed, boolean, d);
+    if ((e = cudaGetLastError()) == cudaSuccess) e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+  }
+  const cudaError_t freed = cudaFree(d);
+  if (e == cudaSuccess) e = freed;
+  *bad = h;
+  return e;
 }
 
 unsigned char host_pattern_byte(std::uint64_t i, std::uint32_t seed, bool boolean) {

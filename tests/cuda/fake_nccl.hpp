@@ -90,6 +90,8 @@ struct nccl_state {
   std::atomic<std::uint64_t> bytes_sent{0};
   std::chrono::milliseconds patience{30'000};  // how long a receive or a collective waits at most
   int connect_polls = 3;                        // status polls a new peer connection takes
+  int drop_send = 0;                            // the n-th send of any rank is never delivered (0: none)
+  int sends = 0;                                // under mu
   std::atomic<std::uint64_t> in_progress_answers{0};
 };
 
@@ -213,6 +215,12 @@ struct nccl_api {
     ready(c);
     connect(c, peer);
     auto shared = st;
+    bool dropped = false;
+    {
+      std::lock_guard lock(st->mu);
+      dropped = ++st->sends == st->drop_send;
+    }
+    if (dropped) return;  // taken, never delivered: the receiver waits in vain
     s->enqueue([c, data, bytes, peer, shared] {
       const auto* p = static_cast<const std::byte*>(data);
       std::vector<std::byte> msg(p, p + bytes);  // read when the stream gets here, as NCCL does
@@ -277,8 +285,16 @@ struct nccl_api {
                  std::memcpy(recv, parts[static_cast<std::size_t>(root)].data(), bytes);
                });
   }
-  void group_start() { enter("ncclGroupStart", -1); }
-  void group_end() { enter("ncclGroupEnd", -1); }
+  /// Inside a group NCCL defers the calls to the group's end, so they are taken while the
+  /// communicator connects; the group's end is where the caller waits.
+  void group_start() {
+    enter("ncclGroupStart", -1);
+    ++group_depth();
+  }
+  void group_end() {
+    enter("ncclGroupEnd", -1);
+    if (group_depth() > 0) --group_depth();
+  }
 
  private:
   void enter(const std::string& call, int rank) {
@@ -291,8 +307,13 @@ struct nccl_api {
   static void need(stream s) {
     if (!s) throw std::logic_error("fake NCCL: operations need a stream (basic_nccl always passes its own)");
   }
+  static int& group_depth() {
+    thread_local int depth = 0;
+    return depth;
+  }
   /// NCCL takes no call on a communicator that is still in progress (joining or connecting).
   static void ready(const comm& c) {
+    if (group_depth() > 0) return;
     std::lock_guard lock(c->world->mu);
     if (c->world->joined < c->world->size || c->connecting > 0)
       throw failure("invalid usage: a call on a communicator still in progress (wait for ncclCommGetAsyncError to give ncclSuccess)", 5);

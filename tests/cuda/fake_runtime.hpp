@@ -211,7 +211,8 @@ struct runtime {
     st->pinned_now += n;
     st->pinned_peak = std::max(st->pinned_peak, st->pinned_now);
     ++st->pinned_allocs;
-    void* p = std::malloc(n);
+    // Page-aligned, as cudaHostAlloc's memory is (O_DIRECT writes straight from it).
+    void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096);
     st->pinned_sizes[p] = n;
     return p;
   }

@@ -657,13 +657,16 @@ TEST_CASE("a rank whose constructor fails aborts its peers' constructors in this
 TEST_CASE("no NCCL call is made while the communicator is still joining or connecting to a peer") {
   // The fake refuses a call on a communicator in progress, as NCCL does: every test above would
   // fail if one were made. Here: the waits happened (joining, then each first transfer to a peer).
+  // GPU tensors go to NCCL piece after piece with no wait for the stream in between: the
+  // first piece to a new peer leaves the communicator connecting, and the next must wait.
   world w;
   w.api.st->connect_polls = 5;
-  std::vector<std::byte> got(2500);
+  device_tensor t(700, 3);  // 2800 bytes: three pieces
+  std::vector<std::byte> got(2800);
   w.run(3, {small}, [&](comm_t& c, fake::runtime&, int r) {
     if (r == 0) {
-      c.send_host(pattern(2500, 3), 1);
-      c.send_host(pattern(2500, 3), 2);
+      c.send_tensor(t.ref(), 0, t.ref().nbytes(), 1);
+      c.send_tensor(t.ref(), 0, t.ref().nbytes(), 2);
     } else {
       c.recv_host(got, 0);
     }
@@ -671,7 +674,7 @@ TEST_CASE("no NCCL call is made while the communicator is still joining or conne
   });
   CAPTURE(w.errors[0]);
   REQUIRE(w.all_fine());
-  CHECK(got == pattern(2500, 3));
+  CHECK(got == t.bytes);
   // At least the five polls of each of rank 0's two new connections said "in progress".
   CHECK(w.api.st->in_progress_answers >= 10);
   check_released(w);
@@ -726,13 +729,13 @@ TEST_CASE("a failed CUDA call is reported as a ckpt::error and not left in the l
 
 TEST_CASE("a user stream on another GPU than the communicator's: transfers still wait for it, and it waits for received bytes") {
   world w;
+  device_tensor t(5000, 1), into(5000, 2);  // before the streams: a kernel still queued on one writes t
   std::vector<std::unique_ptr<fake::stream_impl>> streams(2);
   w.before_join = [&](fake::runtime& rt, int r) -> fake::stream_impl* {
     rt.set_device(1);  // the engine's stream is on cuda:1; the communicator works on cuda:0
     streams[static_cast<std::size_t>(r)].reset(rt.user_stream("user"));
     return streams[static_cast<std::size_t>(r)].get();
   };
-  device_tensor t(5000, 1), into(5000, 2);
   w.run(2, {small}, [&](comm_t& c, fake::runtime& rt, int r) {
     auto* user = streams[static_cast<std::size_t>(r)].get();
     if (r == 0) {

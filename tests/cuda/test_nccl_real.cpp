@@ -56,7 +56,7 @@ int main() {
   }
   try {
     // Small pieces, so that the messages below cross several of them.
-    ckpt::cuda::nccl comm{0, 1, 0, [](std::span<std::byte>) {}, nullptr, {.transfer_bytes = std::size_t{1} << 20, .timeout = std::chrono::seconds{60}}};
+    ckpt::cuda::nccl comm{0, 1, 0, [](std::span<std::byte>) {}, nullptr, {.transfer_bytes = std::size_t{1} << 20, .timeout = std::chrono::seconds{10}}};
     // The caller's current device and last-error slot, which ckpt must leave as they are.
     int before = -1;
     cudaGetDevice(&before);
@@ -103,7 +103,12 @@ int main() {
     api.recv(dst, n, 0, c, s);
     api.group_end();
     expect(wait_ready(api, c), "the grouped send and receive were taken");
-    while (!rt.query(s)) rt.clear_error();
+    bool drained = false;
+    for (int i = 0; i < 100'000 && !(drained = rt.query(s)); ++i) {
+      rt.clear_error();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    expect(drained, "the grouped send and receive completed within 10 s");
     std::string what;
     expect(api.status(c, what) == ckpt::cuda::nccl_status::ready, "no asynchronous error");
     expect(cudaMemcpy(back.data(), dst, n, cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy to the host");
