@@ -389,6 +389,9 @@ TEST_CASE("nothing is left in the last-error slot: not after a refused pinned al
   CHECK_THROWS_WITH_AS(cp.save(1, s), doctest::Contains("cudaErrorLaunchFailure"), ckpt::error);
   CAPTURE(joined(rt.errors_left()));
   CHECK(rt.errors_left().empty());
+  // Nor are copies left queued that would read the tensor after the failed save returned
+  // (`s` is destroyed before `cp` here: TSan saw such a copy read freed memory).
+  CHECK(rt.st->copies_in_flight == 0);
 }
 
 TEST_CASE("a user stream on another GPU than the tensors: ckpt's copies still wait for it, and it waits for the loaded bytes") {

@@ -93,34 +93,36 @@ class basic_device_copy {
     }
     detail::device_guard<Runtime> guard(*rt_);
     auto& ctx = context(t.where().id, t);
-    order_after_user(ctx, t);
-    const auto n = dst.size();
-    if (lent_->holds(dst.data(), n)) {  // pinned already: one copy, no bounce
-      call(t, offset, n, "cudaMemcpyAsync (device to host)", [&] { rt_->copy_async(dst.data(), t.data() + offset, n, ctx.stream); });
-      call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
-      return;
-    }
-    const auto pieces = (n + options_.slot_bytes - 1) / options_.slot_bytes;
-    // Piece k is bytes [k * slot_bytes, + piece_len(k)) of dst. (Plain values, not structured
-    // bindings: clang 14 cannot capture those in the lambdas below.)
-    auto piece_len = [&](std::size_t k) { return std::min(options_.slot_bytes, n - k * options_.slot_bytes); };
-    // Keep up to `slots` pieces in flight; drain the oldest into dst while the rest copy.
-    std::size_t issued = 0;
-    auto issue = [&] {
-      const std::size_t at = issued * options_.slot_bytes, len = piece_len(issued);
-      auto& s = ctx.slots[issued % ctx.slots.size()];
-      call(t, offset + at, len, "cudaMemcpyAsync (device to host)",
-           [&] { rt_->copy_async(s.host, t.data() + offset + at, len, ctx.stream); });
-      call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
-      ++issued;
-    };
-    for (std::size_t k = 0; k < pieces; ++k) {
-      while (issued < pieces && issued < k + ctx.slots.size()) issue();
-      const std::size_t at = k * options_.slot_bytes, len = piece_len(k);
-      auto& s = ctx.slots[k % ctx.slots.size()];
-      call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
-      std::memcpy(dst.data() + at, s.host, len);
-    }
+    drained_on_failure(ctx, [&] {
+      order_after_user(ctx, t);
+      const auto n = dst.size();
+      if (lent_->holds(dst.data(), n)) {  // pinned already: one copy, no bounce
+        call(t, offset, n, "cudaMemcpyAsync (device to host)", [&] { rt_->copy_async(dst.data(), t.data() + offset, n, ctx.stream); });
+        call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
+        return;
+      }
+      const auto pieces = (n + options_.slot_bytes - 1) / options_.slot_bytes;
+      // Piece k is bytes [k * slot_bytes, + piece_len(k)) of dst. (Plain values, not structured
+      // bindings: clang 14 cannot capture those in the lambdas below.)
+      auto piece_len = [&](std::size_t k) { return std::min(options_.slot_bytes, n - k * options_.slot_bytes); };
+      // Keep up to `slots` pieces in flight; drain the oldest into dst while the rest copy.
+      std::size_t issued = 0;
+      auto issue = [&] {
+        const std::size_t at = issued * options_.slot_bytes, len = piece_len(issued);
+        auto& s = ctx.slots[issued % ctx.slots.size()];
+        call(t, offset + at, len, "cudaMemcpyAsync (device to host)",
+             [&] { rt_->copy_async(s.host, t.data() + offset + at, len, ctx.stream); });
+        call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
+        ++issued;
+      };
+      for (std::size_t k = 0; k < pieces; ++k) {
+        while (issued < pieces && issued < k + ctx.slots.size()) issue();
+        const std::size_t at = k * options_.slot_bytes, len = piece_len(k);
+        auto& s = ctx.slots[k % ctx.slots.size()];
+        call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
+        std::memcpy(dst.data() + at, s.host, len);
+      }
+    });
   }
 
   /// Copies `src` into `t` at byte `offset`; returns once the bytes are on the device.
@@ -133,27 +135,29 @@ class basic_device_copy {
     }
     detail::device_guard<Runtime> guard(*rt_);
     auto& ctx = context(t.where().id, t);
-    order_after_user(ctx, t);
-    const auto n = src.size();
-    const bool direct = lent_->holds(src.data(), n);  // pinned already: one copy, no bounce
-    if (direct)
-      call(t, offset, n, "cudaMemcpyAsync (host to device)", [&] { rt_->copy_async(t.data() + offset, src.data(), n, ctx.stream); });
-    std::size_t k = 0;
-    for (std::size_t at = 0; !direct && at < n; at += options_.slot_bytes, ++k) {
-      const auto len = std::min(options_.slot_bytes, n - at);
-      auto& s = ctx.slots[k % ctx.slots.size()];
-      // The slot's previous copy must have left it before it is refilled.
-      if (k >= ctx.slots.size()) call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
-      std::memcpy(s.host, src.data() + at, len);
-      call(t, offset + at, len, "cudaMemcpyAsync (host to device)",
-           [&] { rt_->copy_async(t.data() + offset + at, s.host, len, ctx.stream); });
-      call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
-    }
-    call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
-    // Work the user enqueues from now on follows the copies (they are complete already; the
-    // event makes the order explicit for streams that do not synchronise with the host).
-    call(t, offset, n, "cudaEventRecord", [&] { rt_->record(ctx.after, ctx.stream); });
-    call(t, offset, n, "cudaStreamWaitEvent", [&] { rt_->wait(user_, ctx.after); });
+    drained_on_failure(ctx, [&] {
+      order_after_user(ctx, t);
+      const auto n = src.size();
+      const bool direct = lent_->holds(src.data(), n);  // pinned already: one copy, no bounce
+      if (direct)
+        call(t, offset, n, "cudaMemcpyAsync (host to device)", [&] { rt_->copy_async(t.data() + offset, src.data(), n, ctx.stream); });
+      std::size_t k = 0;
+      for (std::size_t at = 0; !direct && at < n; at += options_.slot_bytes, ++k) {
+        const auto len = std::min(options_.slot_bytes, n - at);
+        auto& s = ctx.slots[k % ctx.slots.size()];
+        // The slot's previous copy must have left it before it is refilled.
+        if (k >= ctx.slots.size()) call(t, offset + at, len, "cudaEventSynchronize", [&] { rt_->sync(s.done); });
+        std::memcpy(s.host, src.data() + at, len);
+        call(t, offset + at, len, "cudaMemcpyAsync (host to device)",
+             [&] { rt_->copy_async(t.data() + offset + at, s.host, len, ctx.stream); });
+        call(t, offset + at, len, "cudaEventRecord", [&] { rt_->record(s.done, ctx.stream); });
+      }
+      call(t, offset, n, "cudaStreamSynchronize", [&] { rt_->sync(ctx.stream); });
+      // Work the user enqueues from now on follows the copies (they are complete already; the
+      // event makes the order explicit for streams that do not synchronise with the host).
+      call(t, offset, n, "cudaEventRecord", [&] { rt_->record(ctx.after, ctx.stream); });
+      call(t, offset, n, "cudaStreamWaitEvent", [&] { rt_->wait(user_, ctx.after); });
+    });
   }
 
   /// Requests below this are refused: a small buffer gains little from being pinned, and a
@@ -238,6 +242,22 @@ class basic_device_copy {
     }
     c = std::move(fresh);
     return *c;
+  }
+
+  /// A call that fails part-way must not leave copies queued that read your tensor or write
+  /// the caller's buffer after it returned: ckpt's stream is drained before the error leaves.
+  template <class F>
+  void drained_on_failure(gpu_context& ctx, F&& body) {
+    try {
+      body();
+    } catch (...) {
+      try {
+        rt_->sync(ctx.stream);
+      } catch (...) {
+        rt_->clear_error();  // the first error is the one to report
+      }
+      throw;
+    }
   }
 
   /// ckpt's stream waits for what the user enqueued so far. An event must be recorded on a
