@@ -19,6 +19,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 
 #include "../fake_runtime.hpp"
@@ -59,8 +60,10 @@ cudaError_t fail(cudaError_t e) {
 }
 
 /// The streams that exist, and which of them are blocking (synchronise with the legacy stream).
+/// Waiting on streams holds the table shared, destroying one holds it alone: a stream another
+/// thread is draining is not freed under it.
 struct stream_table {
-  std::mutex mu;
+  std::shared_mutex mu;
   std::set<fake::stream_impl*> blocking, non_blocking;
 };
 stream_table& streams() {
@@ -73,13 +76,14 @@ fake::stream_impl* impl(cudaStream_t s) { return legacy(s) ? nullptr : reinterpr
 
 /// What the legacy default stream's implicit synchronisation amounts to here: work on it waits
 /// for every blocking stream (the fake runs "kernels" on it after those drain).
+/// The legacy stream is per device: it waits for the blocking streams of the current device.
 void drain_blocking() {
-  std::vector<fake::stream_impl*> all;
+  const int device = std::max(rt().current_device(), 0);
   {
-    std::lock_guard lock(streams().mu);
-    all.assign(streams().blocking.begin(), streams().blocking.end());
+    std::shared_lock lock(streams().mu);
+    for (auto* s : streams().blocking)
+      if (s->device() == device) rt().finish(s);
   }
-  for (auto* s : all) rt().finish(s);
   rt().finish(nullptr);
 }
 
@@ -196,13 +200,13 @@ cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
-  std::vector<fake::stream_impl*> all;
+  const int device = std::max(rt().current_device(), 0);
   {
-    std::lock_guard lock(streams().mu);
-    all.assign(streams().blocking.begin(), streams().blocking.end());
-    all.insert(all.end(), streams().non_blocking.begin(), streams().non_blocking.end());
+    std::shared_lock lock(streams().mu);
+    for (const auto* set : {&streams().blocking, &streams().non_blocking})
+      for (auto* s : *set)
+        if (s->device() == device) rt().finish(s);
   }
-  for (auto* s : all) rt().finish(s);
   rt().finish(nullptr);
   return cudaSuccess;
 }
@@ -253,7 +257,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   const cudaError_t e = guarded([&] { made = non_blocking ? rt().make_stream() : rt().user_stream("user"); });
   if (e != cudaSuccess) return e;
   {
-    std::lock_guard lock(streams().mu);
+    std::unique_lock lock(streams().mu);
     (non_blocking ? streams().non_blocking : streams().blocking).insert(made);
   }
   *s = reinterpret_cast<cudaStream_t>(made);
@@ -265,7 +269,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!p) return fail(cudaErrorInvalidResourceHandle);
   bool counted = false;
   {
-    std::lock_guard lock(streams().mu);
+    // Once no drain holds the table, none can reach the stream: it is freed outside the lock.
+    std::unique_lock lock(streams().mu);
     counted = streams().non_blocking.erase(p) > 0;
     streams().blocking.erase(p);
   }
