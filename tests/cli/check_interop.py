@@ -5,10 +5,13 @@ torch.save writes, ckpt imports and exports back unchanged; a hostile pickle is 
 
     check_interop.py CKPT_TOOL MAKE_CKPT        (exit 77, skipped, without torch)
 """
+import argparse
+import collections
 import json
 import math
 import os
 import pickle
+import random
 import shutil
 import struct
 import subprocess
@@ -19,6 +22,7 @@ from harness import Harness
 import zipfile
 
 try:
+    import numpy
     import torch
 except ImportError:
     print("torch is not importable from this python: skipped")
@@ -222,6 +226,108 @@ def safetensors_import_round_trip():
     for name in MODEL:
         want = expected(name).to(torch.float16)
         check(same(want, sd[name]) and same(want, tensors[name]), f"{name} differs")
+
+
+def draws(root, name, n):
+    """The next n outputs of RNG value NAME of ROOT, drawn in C++ (make_ckpt --draw)."""
+    p = subprocess.run([sys.argv[2], "--draw", root, name, str(n)], capture_output=True, text=True)
+    check(p.returncode == 0, f"make_ckpt --draw {name}: {p.stderr.strip()}")
+    return [int(x) for x in p.stdout.split()]
+
+
+@case
+def megatron_file_imports_faithfully():
+    # Megatron-LM's model_optim_rng.pt (megatron/training/checkpointing.py, read): args as an
+    # argparse.Namespace holding a torch dtype, checkpoint_version, the model under "model",
+    # rng_state as a list with one dict of Python's, numpy's and torch's RNG states.
+    random.seed(123)
+    numpy.random.seed(321)
+    numpy.random.standard_normal()  # numpy now holds a spare Gaussian
+    args = argparse.Namespace(num_layers=2, hidden_size=8, fp16=False, lr=3e-4, tokenizer_type="GPT2BPETokenizer",
+                              params_dtype=torch.float16, vocab_file=None)
+    d = {"args": args, "checkpoint_version": 3.0, "iteration": 700,
+         "model": collections.OrderedDict([("embedding.word_embeddings.weight", torch.randn(10, 8)),
+                                           ("decoder.layers.0.mlp.linear_fc1.weight", torch.randn(16, 8))]),
+         "optimizer": {"state": {0: {"exp_avg": torch.randn(10, 8), "step": 5}}, "param_groups": [{"lr": 0.1}]},
+         "rng_state": [{"random_rng_state": random.getstate(), "np_rng_state": numpy.random.get_state(),
+                        "torch_rng_state": torch.get_rng_state(), "rng_tracker_states": {"model-parallel-rng": torch.get_rng_state()}}],
+         "num_floating_point_operations_so_far": 1.5e15}
+    py_next = [random.getrandbits(32) for _ in range(5)]
+    np_next = [int(x) for x in numpy.random.randint(0, 2 ** 32, size=5, dtype=numpy.uint64)]
+    folder = os.path.join(tmp, "megatron", "iter_0000700", "mp_rank_00")
+    os.makedirs(folder)
+    f = os.path.join(folder, "model_optim_rng.pt")
+    torch.save(d, f)
+    root = os.path.join(tmp, "from_megatron_file")
+    p = run("import", f, root)
+    check("2 RNG states" in p.stdout, p.stdout)
+    check("left out args.vocab_file (None)" in p.stderr or "left out vocab_file (None)" in p.stderr, p.stderr)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    check(j["iteration"] == 700, j["iteration"])
+    c = j["config"]
+    check(c["num_layers"] == 2 and c["hidden_size"] == 8 and c["fp16"] is False and c["lr"] == 3e-4, c)
+    check(c["tokenizer_type"] == "GPT2BPETokenizer" and c["params_dtype"] == "float16", c)
+    check(c["rng_state.0.np_rng_state.has_gauss"] == 1, c)
+    check(c["rng_state.0.np_rng_state.cached_gaussian"] == d["rng_state"][0]["np_rng_state"][4], c)
+    names = sorted(t["name"] for t in j["tensors"])
+    check("embedding.word_embeddings.weight" in names and "decoder.layers.0.mlp.linear_fc1.weight" in names, names)
+    check("optimizer.state.0.exp_avg" in names and "rng_state.0.torch_rng_state" in names, names)
+    # A C++ engine that loads the states draws what Python and numpy would have drawn next.
+    check(draws(root, "rng_state.0.random_rng_state", 5) == py_next, "Python's random does not continue in C++")
+    check(draws(root, "rng_state.0.np_rng_state", 5) == np_next, "numpy's RandomState does not continue in C++")
+
+
+@case
+def neox_deepspeed_file_imports_faithfully():
+    # GPT-NeoX through DeepSpeed (deepspeed/runtime/engine.py _save_checkpoint and GPT-NeoX's
+    # megatron/checkpointing.py, read): weights under "module", DeepSpeed's bookkeeping (a set of
+    # sparse module names, param_shapes of torch.Size, global_steps, ds_config) and NeoX's client
+    # state: iteration, args as a dict, the RNG states, checkpoint_validation_logits.
+    random.seed(5)
+    numpy.random.seed(6)
+    logits = torch.randn(4, 11)
+    module = collections.OrderedDict([("sequential.0.word_embeddings.weight", torch.randn(12, 8)),
+                                      ("sequential.2.attention.dense.weight", torch.randn(8, 8))])
+    d = {"module": module, "buffer_names": [], "optimizer": None,
+         "param_shapes": [collections.OrderedDict([(k, v.shape) for k, v in module.items()])],
+         "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None, "lr_scheduler": None,
+         "data_sampler": None, "random_ltd": None, "sparse_tensor_module_names": set(), "skipped_steps": 0,
+         "global_steps": 200, "global_samples": 6400, "dp_world_size": 1, "mp_world_size": 1,
+         "ds_config": {"train_batch_size": 32, "fp16": {"enabled": True}}, "ds_version": "0.16.5",
+         "iteration": 200, "args": {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "max_position_embeddings": 64,
+                                    "make_vocab_size_divisible_by": 128, "padded_vocab_size": 128,
+                                    "tokenizer_type": "HFTokenizer", "model_parallel_size": 1},
+         "random_rng_state": random.getstate(), "np_rng_state": numpy.random.get_state(),
+         "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.ByteTensor(16), "rng_tracker_states": {},
+         "checkpoint_validation_logits": logits}
+    py_next = [random.getrandbits(32) for _ in range(3)]
+    folder = os.path.join(tmp, "neox", "global_step200")
+    os.makedirs(folder)
+    f = os.path.join(folder, "mp_rank_00_model_states.pt")
+    torch.save(d, f)
+    root = os.path.join(tmp, "from_neox_file")
+    run("import", f, root)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    check(j["iteration"] == 200, j["iteration"])  # from "iteration", not 0
+    names = sorted(t["name"] for t in j["tensors"])
+    check("sequential.0.word_embeddings.weight" in names and not any(n.startswith("module.") for n in names), names)
+    check(j["config"]["hidden_size"] == 8 and j["config"]["global_steps"] == 200 and j["config"]["ds_version"] == "0.16.5", j["config"])
+    check(draws(root, "random_rng_state", 3) == py_next, "Python's random does not continue in C++")
+    out = os.path.join(tmp, "neox_back.pt")
+    run("export", root, out, "--format", "torch")
+    sd = torch.load(out)
+    check(torch.equal(sd["sequential.2.attention.dense.weight"], module["sequential.2.attention.dense.weight"]), "weights differ")
+
+
+@case
+def iteration_from_the_tag_folder():
+    folder = os.path.join(tmp, "plain", "global_step42")
+    os.makedirs(folder)
+    f = os.path.join(folder, "weights.pt")
+    torch.save({"w": torch.ones(3)}, f)
+    root = os.path.join(tmp, "from_folder")
+    run("import", f, root)
+    check(json.loads(run("inspect", root, "--json").stdout)["iteration"] == 42, "iteration not taken from global_step42")
 
 
 @case

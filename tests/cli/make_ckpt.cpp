@@ -8,6 +8,11 @@
 // --tp N saves from N ranks (threads, ckpt::in_process) with the megatron policy: fc1 and the
 // embedding are split by rows, fc2 by columns, the norm is replicated. --perturb adds DELTA to
 // element 0 of one tensor (for diff tests). --rows sets the embedding's rows (its size).
+//
+//   make_ckpt --draw ROOT NAME N
+//
+// loads value NAME of ROOT's latest tag into a std::mt19937, as a C++ engine resuming an
+// imported run would (`v.value(NAME, rng)`), and prints its next N outputs, one a line.
 
 #include <cmath>
 #include <cstdio>
@@ -135,7 +140,33 @@ void save_all(const settings& s) {
 
 }  // namespace
 
+/// A state that holds one RNG engine.
+struct one_engine {
+  std::string name;
+  std::mt19937 rng;
+  template <class V>
+  void checkpoint(V& v) {
+    v.value(name, rng);
+  }
+};
+
+int draw(const std::string& root, const std::string& name, int n) {
+  ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, root};
+  one_engine s{name, {}};
+  cp.load(s, {.strict = false});
+  for (int i = 0; i < n; ++i) std::printf("%u\n", static_cast<unsigned>(s.rng()));
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--draw") {
+    try {
+      return draw(argv[2], argv[3], std::stoi(argv[4]));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "make_ckpt --draw: %s\n", e.what());
+      return 1;
+    }
+  }
   settings s;
   if (argc < 2) {
     std::fprintf(stderr, "usage: make_ckpt ROOT --iterations 100,200 [--tp N] [--codec C] [--seed S] [--perturb NAME=D] [--rows R]\n");

@@ -5,14 +5,17 @@ repository root with Debian's python (it has torch):
 
     /usr/bin/python3 tests/fuzz/make_interop_seeds.py tests/fuzz/corpus
 """
+import argparse
 import collections
 import io
 import json
 import os
+import random
 import struct
 import sys
 import zipfile
 
+import numpy
 import torch
 
 out = sys.argv[1]
@@ -29,6 +32,14 @@ states = {
     "dtypes": {str(t): torch.zeros(2, dtype=t) for t in (torch.float64, torch.int64, torch.int32, torch.int16,
                                                          torch.int8, torch.uint8, torch.bool)},
     "param": {"p": torch.nn.Parameter(torch.ones(2, 2))},
+    # The plain data GPT-NeoX, DeepSpeed and Megatron-LM save beside the tensors (issue 21).
+    "frameworks": {"args": argparse.Namespace(lr=0.5, params_dtype=torch.float16, layers=[1, 2]),
+                   "sparse_tensor_module_names": {"emb"}, "frozen": frozenset({1}),
+                   "dd": collections.defaultdict(list, {"x": [1]}),
+                   "param_shapes": [collections.OrderedDict([("w", torch.Size([3, 4]))])],
+                   "random_rng_state": random.getstate(), "np_rng_state": numpy.random.RandomState(0).get_state(),
+                   "np": [numpy.float32(1.5), numpy.int64(-3), numpy.bool_(True), numpy.arange(4, dtype=numpy.int16),
+                          numpy.arange(6.0).reshape(3, 2).T]},
 }
 for name, obj in states.items():
     buf = io.BytesIO()

@@ -16,9 +16,13 @@ Values are compared through a canonical text dump that pt_tool prints the same w
 `dump`). Exits 77 (skip) when this python cannot import torch.
 """
 
+import argparse
 import collections
+import enum
 import os
 import pickle
+import random
+import signal
 import struct
 import subprocess
 import sys
@@ -26,9 +30,10 @@ import tempfile
 import zipfile
 
 try:
+    import numpy  # a dependency of Debian's python3-torch
     import torch
 except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
-    print(f"skipping: {sys.executable} cannot import torch ({e})")
+    print(f"skipping: {sys.executable} cannot import torch and numpy ({e})")
     sys.exit(77)
 
 TOOL = sys.argv[1]
@@ -52,8 +57,69 @@ DT = {
 ALL = list(DT)
 
 
+def framework_classes():
+    """Stand-ins for the classes DeepSpeed and Megatron-LM pickle into checkpoints, under their
+    real module names, so that pickle writes the very globals those files hold."""
+    import types
+
+    made = {}
+
+    def module(name):
+        parts = name.split(".")
+        for i in range(1, len(parts)):  # pickle imports the packages above it too
+            sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+        m = types.ModuleType(name)
+        sys.modules[name] = m
+        return m
+
+    ls = module("deepspeed.runtime.fp16.loss_scaler")
+    for cls_name in ("DynamicLossScaler", "LossScaler"):
+        cls = type(cls_name, (), {"__module__": ls.__name__})
+        setattr(ls, cls_name, cls)
+        made[cls_name] = cls
+    tf = module("deepspeed.utils.tensor_fragment")
+    tf.fragment_address = type("fragment_address", (), {"__module__": tf.__name__})
+    made["fragment_address"] = tf.fragment_address
+    zc = module("deepspeed.runtime.zero.config")
+    zc.ZeroStageEnum = enum.IntEnum("ZeroStageEnum", {"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3},
+                                    module=zc.__name__)
+    made["ZeroStageEnum"] = zc.ZeroStageEnum
+    me = module("megatron.core.enums")
+    me.ModelType = enum.Enum("ModelType", {"encoder_or_decoder": 1, "encoder_and_decoder": 2}, module=me.__name__)
+    made["ModelType"] = me.ModelType
+    return made
+
+
+FRAMEWORK_MODULES = {"deepspeed.runtime.fp16.loss_scaler", "deepspeed.utils.tensor_fragment"}
+FW = framework_classes()
+
+
 def dump(o):
-    """Canonical text of a value; pt_tool's dump() prints the same for the same value."""
+    """Canonical text of a value; pt_tool's dump() prints the same for the same value. The
+    classes of plain data ckpt reconstructs are named first, as pt_tool names them."""
+    if isinstance(o, argparse.Namespace):
+        return "@argparse.Namespace:" + dump(vars(o))
+    if isinstance(o, enum.Enum):
+        # Pickled by name (getattr(Enum, 'NAME') in Python 3.11; signal.SIGTERM as the module's
+        # constant) or by value (Enum(value)).
+        p = pickle.dumps(o, protocol=2)
+        by_name = b"getattr" in p or f"{type(o).__module__}\n{o.name}\n".encode() in p
+        return "@" + type(o).__module__ + "." + type(o).__qualname__ + ":" + dump(o.name if by_name else o.value)
+    if type(o).__module__ in FRAMEWORK_MODULES:
+        return "@" + type(o).__module__ + "." + type(o).__qualname__ + ":" + dump(vars(o))
+    if isinstance(o, (set, frozenset)):
+        return "@" + type(o).__name__ + ":" + dump(list(o))  # in iteration order, as pickled
+    if isinstance(o, collections.defaultdict):
+        return "@collections.defaultdict:" + dump(dict(o))
+    if isinstance(o, torch.Size):
+        return "@torch.Size:" + dump(tuple(o))
+    if isinstance(o, torch.dtype):
+        return "@torch.dtype:" + dump(str(o).split(".", 1)[1])
+    if isinstance(o, numpy.ndarray):
+        return ("@numpy.ndarray:(@numpy.dtype:" + dump(o.dtype.str) + "," + dump(tuple(o.shape)) + "," +
+                dump(numpy.ascontiguousarray(o).tobytes()) + ")")
+    if isinstance(o, numpy.generic):
+        return dump(o.item())  # a numpy scalar reads as the Python number it holds
     if o is None:
         return "N"
     if isinstance(o, bool):
@@ -280,6 +346,44 @@ def part_b(tmp):
         "unicode": "\u00fcber \U0001f600",
         "long": list(range(1500)),
     }
+    # What GPT-NeoX, DeepSpeed and Megatron-LM put beside the tensors (their save code, read):
+    # args as an argparse.Namespace (with a torch dtype in it), DeepSpeed's set of sparse
+    # module names, ZeRO's param_shapes (OrderedDicts of torch.Size), Python's and numpy's RNG
+    # states, numpy scalars in logged values, and a defaultdict.
+    scaler = FW["DynamicLossScaler"]()
+    scaler.__dict__.update(cur_scale=65536.0, cur_iter=3, last_overflow_iter=-1, scale_factor=2.0, scale_window=1000,
+                           min_scale=1, delayed_shift=1, cur_hysteresis=1, consecutive_hysteresis=False, raise_error_at_min_scale=True,
+                           dynamic=True, dtype=torch.float16)
+    fragment = FW["fragment_address"]()
+    fragment.__dict__.update(numel=24, start=8)
+    random.seed(7)
+    numpy.random.seed(11)
+    numpy.random.standard_normal()  # a cached gaussian in the state
+    frameworks = {
+        "args": argparse.Namespace(hidden_size=1024, lr=3e-4, fp16=True, tokenizer_type="GPT2BPETokenizer", vocab_file=None,
+                                   layers=[1, 2], params_dtype=torch.float16, seq_length=2048),
+        "sparse_tensor_module_names": set(),
+        "names": {"transformer.layers.0", "word_embeddings", "final_norm"},
+        "frozen": frozenset({3, 1, 2}),
+        "dd": collections.defaultdict(list, {"x": [1], "y": []}),
+        "param_shapes": [collections.OrderedDict([("w", torch.Size([4, 6])), ("b", torch.Size([6])), ("s", torch.Size([]))])],
+        "random_rng_state": random.getstate(),
+        "np_rng_state": numpy.random.get_state(),
+        "np_scalars": [numpy.float32(1.5), numpy.float64(-2.25), numpy.int64(-7), numpy.uint8(200), numpy.bool_(True),
+                       numpy.int32(5), numpy.float16(0.5), numpy.uint64(2 ** 63 - 1)],
+        "np_arrays": [numpy.arange(6, dtype=numpy.int16).reshape(2, 3), numpy.zeros((0,), dtype=numpy.float32),
+                      numpy.array([True, False]), numpy.arange(4, dtype=">u4"), numpy.arange(6.0).reshape(3, 2).T],
+        "torch_rng_state": torch.get_rng_state(),
+        "dtypes": [torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.uint8, torch.bool],
+        "iteration": 200,
+        # DeepSpeed's ZeRO optimizer file: the loss scaler object, the stage enum, fragment
+        # addresses; Megatron's model type enum in its args
+        "loss_scaler": scaler,
+        "zero_stage": FW["ZeroStageEnum"].gradients,
+        "param_slice_mappings": [collections.OrderedDict([("w", fragment)])],
+        "model_type": FW["ModelType"].encoder_or_decoder,
+        "exit_signal": signal.SIGTERM,
+    }
     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.BatchNorm1d(3))
     cases = {
         "views.pt": (views, 2),
@@ -288,6 +392,8 @@ def part_b(tmp):
         "module.pt": (net.state_dict(), 2),
         "module_bf16.pt": (net.to(torch.bfloat16).state_dict(), 2),
         "proto4.pt": ({"views": views, "containers": containers}, 4),
+        "frameworks.pt": (frameworks, 2),
+        "frameworks_proto4.pt": (frameworks, 4),
     }
     for name, (obj, proto) in cases.items():
         path = os.path.join(tmp, name)
@@ -296,6 +402,13 @@ def part_b(tmp):
 
 
 # ---- (c) hostile and unsupported files ----------------------------------------------------
+
+class Plain:
+    """An instance of a class of the writer's own: pickled by NEWOBJ and BUILD, refused by name."""
+
+    def __init__(self):
+        self.x = 1
+
 
 class Reduce:
     """Pickles as a call of `fn(*args)`: what a malicious checkpoint would contain."""
@@ -322,13 +435,22 @@ def part_c(tmp):
     cases = [
         ("os_system.pt", {"x": Reduce(os.system, (f"touch {marker}",))}, ["'posix.system' is not allowed"]),
         ("eval.pt", {"x": Reduce(eval, (f"open({marker!r}, 'w')",))}, ["'__builtin__.eval' is not allowed"]),
-        ("getattr.pt", [Reduce(getattr, (Reduce(__import__, ("os",)), "system"))], ["'__builtin__.getattr' is not allowed"]),
+        # getattr is only read on the frameworks' enums; here the import is refused first
+        ("getattr.pt", [Reduce(getattr, (Reduce(__import__, ("os",)), "system"))], ["'__builtin__.__import__' is not allowed"]),
+        ("getattr_class.pt", [Reduce(getattr, (argparse.Namespace, "__init__"))], ["only allowed on the frameworks' enums"]),
         ("popen.pt", Reduce(subprocess.Popen, (["touch", marker],)), ["'commands.Popen' is not allowed"]),
         ("whole_module.pt", torch.nn.Linear(2, 2), ["'torch.nn.modules.linear.Linear' is not allowed"]),
         ("complex.pt", {"w": {"c": torch.zeros(2, dtype=torch.complex64)}},
          ["['w']['c']", "ComplexFloatStorage", "does not support"]),
         ("bigint.pt", {"big": 2 ** 70}, ["does not fit in 64 bits"]),
-        ("set.pt", {"s": {1, 2}}, ["'__builtin__.set' is not allowed"]),
+        # The classes of plain data are data only: what they hold is checked like the rest.
+        ("namespace.pt", {"args": argparse.Namespace(x=Reduce(os.system, (f"touch {marker}",)))}, ["'posix.system' is not allowed"]),
+        ("set_of_calls.pt", {"s": {Reduce(eval, ("1",))}}, ["'__builtin__.eval' is not allowed"]),
+        ("object_array.pt", {"a": numpy.array([1, "x"], dtype=object)}, ["numpy dtype 'O8' is not a numeric dtype"]),
+        ("structured.pt", {"a": numpy.zeros(2, dtype=[("x", "<i4"), ("y", "<f4")])}, ["is not a numeric dtype"]),
+        ("defaultdict_factory.pt", {"d": collections.defaultdict(os.getcwd)}, ["'posix.getcwd' is not allowed"]),
+        ("instance.pt", {"o": Plain()}, ["'__main__.Plain' is not allowed"]),
+        ("random_state.pt", {"r": numpy.random.RandomState(0)}, ["is not allowed"]),
     ]
     for name, obj, needles in cases:
         path = os.path.join(tmp, name)

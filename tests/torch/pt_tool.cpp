@@ -33,6 +33,9 @@ std::string hex(const void* p, std::size_t n) {
 }
 
 void dump(const py_object& o, std::string& out) {
+  // A class of plain data (argparse.Namespace, set, torch.Size, numpy arrays...) is named first.
+  if (const auto c = o.python_class(); c != ckpt::interop::py_class::builtin && c != ckpt::interop::py_class::ordered_dict)
+    out += "@" + o.python_class_name() + ":";
   switch (o.kind()) {
     case ckpt::interop::py_kind::none: out += "N"; break;
     case ckpt::interop::py_kind::boolean: out += o.as_bool() ? "T" : "F"; break;

@@ -3,16 +3,24 @@
 // run), a .safetensors file, or the index JSON of a sharded set of either.
 //
 // Names: a tensor's path in the object tree, dict keys and list indices joined by '.'
-// ({"model": {"fc.weight": t}} gives "model.fc.weight"). A GPT-NeoX/Megatron
-// model_optim_rng.pt ({iteration, args, model, optimizer, ...}) maps onto ckpt's own layout:
-// the model's tensors keep their state-dict names, the optimizer's go in the "optimizer"
-// group, `iteration` is the iteration and `args` the config. Other ints, floats, bools and
-// strings become config entries; anything else is reported and left out.
+// ({"model": {"fc.weight": t}} gives "model.fc.weight"). A training framework's file
+// (Megatron-LM's model_optim_rng.pt, GPT-NeoX/DeepSpeed's mp_rank_TT_model_states.pt) maps
+// onto ckpt's own layout: the model's tensors keep their state-dict names whether the file
+// calls the dict `model`, `module` or `model0`..., the optimizer's go in the "optimizer"
+// group, the iteration is `iteration` (or `total_iters`, `global_steps`, or the tag folder's
+// name), `args` is the config and `checkpoint_validation_logits` the validation logits.
+// Python's and numpy's MT19937 states become std::mt19937 values a C++ engine loads with
+// v.value(name, engine). Other ints, floats, bools and strings become config entries; anything
+// else is reported as left out.
 
+#include <array>
 #include <cinttypes>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
+#include <sstream>
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/interop/safetensors.hpp>
@@ -31,19 +39,82 @@ namespace {
 /// What the file holds, in ckpt's terms.
 struct imported {
   std::vector<std::pair<std::string, ckpt::interop::host_tensor>> tensors;
+  std::vector<std::pair<std::string, std::mt19937>> engines;  // Python's and numpy's RNG states
   ckpt::config config;
   std::optional<std::uint64_t> iteration;
+  std::optional<ckpt::interop::host_tensor> validation_logits;
   std::vector<std::string> left_out;  // paths of values ckpt has no place for
 };
 
-/// The state a checkpointer saves: the imported tensors under their names.
+/// The state a checkpointer saves: the imported tensors and engines under their names.
 struct imported_state {
   imported* what;
   template <class V>
   void checkpoint(V& v) {
     for (auto& [name, t] : what->tensors) v.tensor(name, t.ref());
+    for (auto& [name, e] : what->engines) v.value(name, e);
   }
 };
+
+// ----- RNG states ------------------------------------------------------------------------------
+// Python's random and numpy's legacy RandomState are both MT19937, as std::mt19937 is: the same
+// 624 words and position give the same numbers. An engine is made from them through its text
+// form, which in libstdc++ is the 624 words and then the position.
+
+std::mt19937 make_mt19937(const std::array<std::uint32_t, 624>& words, std::uint64_t pos, const std::string& where) {
+#if !defined(__GLIBCXX__)
+  throw ckpt::error(ckpt::error_kind::invalid_argument,
+                    where + ": making a std::mt19937 from an MT19937 state needs libstdc++'s text form of the engine");
+#endif
+  if (pos > 624) throw ckpt::error(ckpt::error_kind::corrupt, where + ": MT19937 position " + std::to_string(pos) + " is past 624");
+  std::ostringstream text;
+  for (const auto w : words) text << w << ' ';
+  text << pos;
+  std::mt19937 e;
+  std::istringstream in(text.str());
+  in >> e;
+  std::ostringstream back;
+  back << e;
+  if (!in || back.str() != text.str())
+    throw ckpt::error(ckpt::error_kind::invalid_argument, where + ": this C++ library's std::mt19937 does not take an MT19937 state as 624 words and a position");
+  return e;
+}
+
+/// random.getstate(): (3, (624 words..., position), None).
+std::optional<std::mt19937> python_random_state(const py_object& o, const std::string& where) {
+  if (!o.is_tuple() || o.size() != 3 || !o.items()[0].is_int() || o.items()[0].as_int() != 3 || !o.items()[1].is_tuple() ||
+      o.items()[1].size() != 625)
+    return std::nullopt;
+  std::array<std::uint32_t, 624> words{};
+  const auto& v = o.items()[1].items();
+  for (std::size_t i = 0; i < 625; ++i)
+    if (!v[i].is_int() || v[i].as_int() < 0 || v[i].as_int() > 0xffffffffLL) return std::nullopt;
+  for (std::size_t i = 0; i < 624; ++i) words[i] = static_cast<std::uint32_t>(v[i].as_int());
+  return make_mt19937(words, static_cast<std::uint64_t>(v[624].as_int()), where);
+}
+
+/// numpy.random.get_state(): ('MT19937', uint32 array of 624, position, has_gauss, cached_gaussian).
+std::optional<std::mt19937> numpy_random_state(const py_object& o, const std::string& where) {
+  using ckpt::interop::py_class;
+  if (!o.is_tuple() || o.size() != 5 || !o.items()[0].is_str() || o.items()[0].as_str() != "MT19937") return std::nullopt;
+  const auto& key = o.items()[1];
+  if (key.python_class() != py_class::numpy_array || !o.items()[2].is_int())
+    throw ckpt::error(ckpt::error_kind::corrupt, where + ": an MT19937 state without its key array and position");
+  const auto& dt = key.items()[0].as_str();
+  const auto raw = key.items()[2].as_bytes();
+  if ((dt != "<u4" && dt != "<u8" && dt != "<i8") || key.items()[1] != py_object::tuple({624}))
+    throw ckpt::error(ckpt::error_kind::corrupt, where + ": an MT19937 key must be 624 words, not " + key.repr().substr(0, 80));
+  std::array<std::uint32_t, 624> words{};
+  const std::size_t item = raw.size() / 624;
+  for (std::size_t i = 0; i < 624; ++i) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, raw.data() + i * item, item);  // little-endian, as the dtype says
+    if (w > 0xffffffffu) throw ckpt::error(ckpt::error_kind::corrupt, where + ": MT19937 word " + std::to_string(i) + " exceeds 32 bits");
+    words[i] = static_cast<std::uint32_t>(w);
+  }
+  if (o.items()[2].as_int() < 0) throw ckpt::error(ckpt::error_kind::corrupt, where + ": negative MT19937 position");
+  return make_mt19937(words, static_cast<std::uint64_t>(o.items()[2].as_int()), where);
+}
 
 std::string key_text(const py_object& k) {
   switch (k.kind()) {
@@ -56,8 +127,24 @@ std::string key_text(const py_object& k) {
 
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
 
-/// Tensors (by path) and scalars (as config entries) of `o`, recursively.
+/// Tensors (by path), RNG engines and scalars (as config entries) of `o`, recursively.
 void flatten(py_object& o, const std::string& path, imported& out, bool scalars_to_config) {
+  const std::string where = "ckpt import: " + (path.empty() ? std::string("the file") : path);
+  if (auto e = python_random_state(o, where)) {
+    out.engines.emplace_back(path, *e);
+    return;
+  }
+  if (auto e = numpy_random_state(o, where)) {
+    out.engines.emplace_back(path, *e);
+    // numpy's spare Gaussian has no place in a std::mt19937: it is kept beside it.
+    out.config.set(join(path, "has_gauss"), o.items()[3].is_int() ? o.items()[3].as_int() : std::int64_t{o.items()[3].as_bool()});
+    out.config.set(join(path, "cached_gaussian"), o.items()[4].as_float());
+    return;
+  }
+  if (o.python_class() == ckpt::interop::py_class::numpy_array) {
+    out.left_out.push_back(path + " (numpy.ndarray)");
+    return;
+  }
   switch (o.kind()) {
     case py_kind::tensor:
       out.tensors.emplace_back(path, std::move(o.as_tensor().value));
@@ -84,39 +171,81 @@ void flatten(py_object& o, const std::string& path, imported& out, bool scalars_
       if (scalars_to_config) return void(out.config.set(path, o.as_str()));
       break;
     case py_kind::none:
-      return;  // nothing to keep
+      out.left_out.push_back(path + " (None)");  // a config has no None
+      return;
     default:
       break;
   }
   out.left_out.push_back(path + " (" + std::string(ckpt::interop::to_string(o.kind())) + ")");
 }
 
-bool is_megatron(const py_object& root) {
-  return root.is_dict() && root.contains("model") && root.at("model").is_dict() && root.contains("iteration") &&
-         root.at("iteration").is_int();
+/// The model's state dict: "model" (Megatron-LM), "module" (DeepSpeed, GPT-NeoX), "model0",
+/// "model1", ... (Megatron's virtual pipeline chunks).
+bool is_model_key(const std::string& k) {
+  if (k == "model" || k == "module") return true;
+  return k.size() > 5 && k.starts_with("model") && std::all_of(k.begin() + 5, k.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+/// The keys that count iterations, in the order they are trusted.
+constexpr std::string_view iteration_keys[] = {"iteration", "total_iters", "global_steps"};
+
+/// A training framework's checkpoint file: a model dict and a step counter at the top.
+bool is_framework_file(const py_object& root) {
+  if (!root.is_dict()) return false;
+  bool model = false, steps = false;
+  for (const auto& [k, v] : root.entries()) {
+    if (!k.is_str()) continue;
+    if (is_model_key(k.as_str()) && (v.is_dict() || v.is_none())) model = true;
+    if (std::find(std::begin(iteration_keys), std::end(iteration_keys), k.as_str()) != std::end(iteration_keys) && v.is_int())
+      steps = true;
+  }
+  return model && steps;
 }
 
 void from_torch_tree(py_object root, imported& out) {
-  if (!is_megatron(root)) {
+  if (!is_framework_file(root)) {
     flatten(root, "", out, true);
     return;
   }
+  std::string counter;  // the key the iteration came from
+  for (const auto key : iteration_keys)
+    if (const py_object* v = root.find(std::string(key)); v && v->is_int() && v->as_int() >= 0) {
+      out.iteration = static_cast<std::uint64_t>(v->as_int());
+      counter = key;
+      break;
+    }
+  const bool many_chunks = root.contains("model0") && root.contains("model1");
   for (auto& [k, v] : root.entries()) {
     const auto key = key_text(k);
-    if (key == "iteration") {
-      out.iteration = static_cast<std::uint64_t>(v.as_int());
+    if (key == counter) {
+      continue;
     } else if (key == "checkpoint_version" || key == "ckpt_tag") {
       continue;  // describe the .pt layout (Megatron's version, ckpt export's source), not the run
-    } else if (key == "model") {
-      flatten(v, "", out, false);
+    } else if (is_model_key(key)) {
+      // Chunks of a virtual pipeline keep their chunk's name: their state dicts reuse names.
+      if (!v.is_none()) flatten(v, many_chunks && key != "model" && key != "module" ? key : "", out, false);
     } else if (key == "optimizer") {
       flatten(v, "optimizer", out, true);
     } else if (key == "args" && v.is_dict()) {
-      flatten(v, "", out, true);
+      flatten(v, "", out, true);  // a dict (GPT-NeoX) or an argparse.Namespace (Megatron-LM)
+    } else if (key == "checkpoint_validation_logits" && v.is_tensor()) {
+      out.validation_logits = std::move(v.as_tensor().value);
     } else {
       flatten(v, key, out, true);
     }
   }
+}
+
+/// The iteration in a tag folder's name: global_step200 (DeepSpeed), iter_0000200 (Megatron).
+std::optional<std::uint64_t> iteration_of_folder(const fs::path& file) {
+  for (auto dir = file.parent_path(); !dir.empty() && dir != dir.parent_path(); dir = dir.parent_path()) {
+    const auto name = dir.filename().string();
+    for (const std::string_view prefix : {"global_step", "iter_"}) {
+      if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() > prefix.size() + 19) continue;
+      const auto digits = name.substr(prefix.size());
+      if (std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::stoull(digits);
+    }
+  }
+  return std::nullopt;
 }
 
 /// pytorch_model.bin.index.json: its weight_map names the shards; each is a flat state dict.
@@ -196,16 +325,20 @@ int run_import(const import_args& a) {
     from_torch_tree(ckpt::interop::load_torch(file), what);
   }
   if (what.tensors.empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, a.file + " holds no tensors");
+  if (!what.iteration) what.iteration = iteration_of_folder(fs::absolute(file));
   const std::uint64_t iteration = a.iteration.value_or(what.iteration.value_or(0));
   std::uint64_t bytes = 0;
   for (const auto& [n, t] : what.tensors) bytes += t.data.size();
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, fs::path(a.root)};
   imported_state state{&what};
-  cp.save(iteration, state, {.config = what.config, .tag = a.tag, .overwrite = false});
-  for (const auto& p : what.left_out) std::fprintf(stderr, "ckpt import: left out %s: ckpt keeps tensors and scalars only\n", p.c_str());
-  std::printf("imported %zu tensors (%s) and %zu config entries from %s into %s as %s (iteration %" PRIu64 ")\n", what.tensors.size(),
-              human_bytes(static_cast<double>(bytes)).c_str(), what.config.entries().size(), a.file.c_str(), a.root.c_str(),
-              cp.latest().value_or("?").c_str(), iteration);
+  std::optional<ckpt::tensor_ref> logits;
+  if (what.validation_logits) logits = what.validation_logits->ref();
+  cp.save(iteration, state, {.config = what.config, .tag = a.tag, .validation_logits = logits, .overwrite = false});
+  for (const auto& p : what.left_out)
+    std::fprintf(stderr, "ckpt import: left out %s: ckpt keeps tensors, scalars and RNG states only\n", p.c_str());
+  std::printf("imported %zu tensors (%s), %zu config entries and %zu RNG states from %s into %s as %s (iteration %" PRIu64 ")\n",
+              what.tensors.size(), human_bytes(static_cast<double>(bytes)).c_str(), what.config.entries().size(), what.engines.size(),
+              a.file.c_str(), a.root.c_str(), cp.latest().value_or("?").c_str(), iteration);
   return exit_ok;
 }
 

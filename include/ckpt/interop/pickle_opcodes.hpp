@@ -16,7 +16,8 @@ inline constexpr std::uint8_t MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K
                               EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85,
                               TUPLE2 = 0x86, TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, LONG4 = 0x8b,
                               SHORT_BINBYTES = 'C', BINBYTES = 'B', SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d,
-                              BINBYTES8 = 0x8e, STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95;
+                              BINBYTES8 = 0x8e, STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95, NEWOBJ = 0x81,
+                              EMPTY_SET = 0x8f, ADDITEMS = 0x90, FROZENSET = 0x91;
 }  // namespace op
 
 /// Name of a pickle opcode, for messages (including those refused).

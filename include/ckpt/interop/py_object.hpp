@@ -96,6 +96,54 @@ constexpr std::string_view to_string(py_kind k) noexcept {
   return "unknown";
 }
 
+/// The Python class a value was reconstructed from, where it is not the plain builtin of its
+/// kind. The unpickler builds these as data (it never runs a class); the kind says how the
+/// value is held:
+///
+/// | class | kind | holds |
+/// |---|---|---|
+/// | `ordered_dict` | dict | `collections.OrderedDict` (a state dict) |
+/// | `defaultdict` | dict | `collections.defaultdict` (its default factory is not kept) |
+/// | `argparse_namespace` | dict | `argparse.Namespace`: the attributes, by name |
+/// | `set`, `frozenset` | list | the elements, in the pickle's order |
+/// | `torch_size` | tuple | `torch.Size`: the dimensions |
+/// | `torch_dtype` | str | a `torch.dtype` such as `torch.float16`: the name, "float16" |
+/// | `numpy_dtype` | str | a `numpy.dtype`: its array-protocol string, such as "<u4" |
+/// | `numpy_array` | tuple | a `numpy.ndarray`: (dtype string, shape tuple, bytes in C order) |
+/// | `object` | dict | an instance of an attribute-holder class the frameworks save (DeepSpeed's loss scaler, `fragment_address`, `types.SimpleNamespace`): its attributes; `python_class_name()` names the class |
+/// | `enum_member` | int or str | a member of an enum the frameworks save (`ZeroStageEnum`, Megatron's `ModelType`, `signal.Signals`): its value, or its name where it was pickled by name; `python_class_name()` names the enum |
+///
+/// @code
+/// if (args.py_class() == ckpt::interop::py_class::argparse_namespace) use(args.at("hidden_size").as_int());
+/// @endcode
+enum class py_class : std::uint8_t {
+  builtin, ordered_dict, defaultdict, argparse_namespace, set, frozenset, torch_size, torch_dtype, numpy_dtype, numpy_array,
+  object, enum_member
+};
+
+/// The class's Python name ("argparse.Namespace", "numpy.ndarray"; "" for a builtin).
+///
+/// @code
+/// std::cout << ckpt::interop::to_string(ckpt::interop::py_class::torch_size);  // "torch.Size"
+/// @endcode
+constexpr std::string_view to_string(py_class c) noexcept {
+  switch (c) {
+    case py_class::builtin: return "";
+    case py_class::ordered_dict: return "collections.OrderedDict";
+    case py_class::defaultdict: return "collections.defaultdict";
+    case py_class::argparse_namespace: return "argparse.Namespace";
+    case py_class::set: return "set";
+    case py_class::frozenset: return "frozenset";
+    case py_class::torch_size: return "torch.Size";
+    case py_class::torch_dtype: return "torch.dtype";
+    case py_class::numpy_dtype: return "numpy.dtype";
+    case py_class::numpy_array: return "numpy.ndarray";
+    case py_class::object: return "object";
+    case py_class::enum_member: return "enum";
+  }
+  return "";
+}
+
 namespace detail {
 /// Value semantics for a heap-held T, so a rarely used large alternative (a tensor) does not
 /// make every small Python value as large as itself.
@@ -200,7 +248,21 @@ class py_object {
   bool is_dict() const noexcept { return kind_ == py_kind::dict; }
   bool is_tensor() const noexcept { return kind_ == py_kind::tensor; }
   /// True for a dict that came from (or is pickled as) `collections.OrderedDict`.
-  bool is_ordered_dict() const noexcept { return kind_ == py_kind::dict && ordered_; }
+  bool is_ordered_dict() const noexcept { return kind_ == py_kind::dict && class_ == py_class::ordered_dict; }
+  /// The Python class the value was reconstructed from (`py_class::builtin` for plain values).
+  py_class python_class() const noexcept { return class_; }
+  /// The class's full Python name: "argparse.Namespace", or for an `object` or `enum_member`
+  /// the class it was saved as ("deepspeed.runtime.zero.config.ZeroStageEnum"); "" for a builtin.
+  std::string python_class_name() const {
+    return class_ == py_class::object || class_ == py_class::enum_member ? class_name_ : std::string(to_string(class_));
+  }
+  /// The same value, marked as an instance of `c` (which must suit its kind, see `py_class`);
+  /// `name` is the class's full name, for an `object` or an `enum_member`.
+  py_object with_class(py_class c, std::string name = {}) && {
+    class_ = c;
+    class_name_ = std::move(name);
+    return std::move(*this);
+  }
 
   bool as_bool() const { return std::get<bool>(expect(py_kind::boolean).v_); }
   std::int64_t as_int() const { return std::get<std::int64_t>(expect(py_kind::integer).v_); }
@@ -352,7 +414,7 @@ class py_object {
   static py_object make_dict(std::initializer_list<std::pair<py_object, py_object>> items, bool ordered) {
     py_object o;
     o.kind_ = py_kind::dict;
-    o.ordered_ = ordered;
+    o.class_ = ordered ? py_class::ordered_dict : py_class::builtin;
     o.v_ = dict_type{};
     for (const auto& [k, v] : items) o.set(k, v);
     return o;
@@ -372,10 +434,18 @@ class py_object {
       out += "...";
       return;
     }
+    if (class_ != py_class::builtin && class_ != py_class::ordered_dict) {
+      // "argparse.Namespace{...}", "torch.Size(2, 3)": the class, then the data it holds.
+      out += python_class_name();
+      if (kind_ == py_kind::string || kind_ == py_kind::integer) out += "(";
+    }
     switch (kind_) {
       case py_kind::none: out += "None"; break;
       case py_kind::boolean: out += std::get<bool>(v_) ? "True" : "False"; break;
-      case py_kind::integer: out += std::to_string(std::get<std::int64_t>(v_)); break;
+      case py_kind::integer:
+        out += std::to_string(std::get<std::int64_t>(v_));
+        if (class_ != py_class::builtin) out += ")";
+        break;
       case py_kind::floating: {
         char buf[64];
         const auto r = std::to_chars(buf, buf + sizeof buf, std::get<double>(v_));
@@ -384,7 +454,10 @@ class py_object {
         out += s;
         break;
       }
-      case py_kind::string: out += ckpt::detail::printable(std::get<std::string>(v_)); break;
+      case py_kind::string:
+        out += ckpt::detail::printable(std::get<std::string>(v_));
+        if (class_ != py_class::builtin) out += ")";
+        break;
       case py_kind::bytes: out += "b" + ckpt::detail::printable(std::get<std::string>(v_)); break;
       case py_kind::list: case py_kind::tuple: {
         const auto& v = std::get<list_type>(v_);
@@ -419,7 +492,8 @@ class py_object {
   }
 
   py_kind kind_ = py_kind::none;
-  bool ordered_ = false;
+  py_class class_ = py_class::builtin;
+  std::string class_name_;  // for py_class::object and py_class::enum_member
   std::variant<std::monostate, bool, std::int64_t, double, std::string, list_type, dict_type, detail::boxed<py_tensor>> v_;
 };
 

@@ -1,11 +1,15 @@
 #pragma once
 /// @file interop/unpickle.hpp
 /// A restricted unpickler for PyTorch checkpoints: it accepts what `torch.load(weights_only=
-/// True)` accepts, and nothing that could run code.
+/// True)` accepts, the plain data that GPT-NeoX, DeepSpeed and Megatron-LM put beside the
+/// tensors, and nothing that could run code.
 ///
-/// It never calls anything: the few globals it accepts (OrderedDict, the torch tensor rebuild
-/// functions, torch storage types) are interpreted by ckpt itself, everything else is refused
-/// by name. Every length is checked against the remaining input before anything is allocated,
+/// It never calls anything: the globals it accepts are interpreted by ckpt itself as data, and
+/// everything else is refused by name. Besides OrderedDict, the torch tensor rebuild functions
+/// and torch storage types, those are: `argparse.Namespace` (the attributes, as a dict),
+/// `set`/`frozenset`, `collections.defaultdict`, `torch.Size`, `torch.dtype` values such as
+/// `torch.float16`, and numpy's arrays, dtypes and scalars (`np.random.get_state()`), each
+/// marked with its `py_class`. Every length is checked against the remaining input before anything is allocated,
 /// memo indices are bounded by what was stored, objects are counted and nesting depth is
 /// limited, so hostile input costs at most a bounded amount of memory and time.
 
@@ -208,14 +212,39 @@ class unpickler {
           break;
         }
         case op::BUILD: {
-          // The only BUILD torch.save emits sets attributes of an OrderedDict (a state_dict's
-          // `_metadata`); the attributes are not part of the data, so they are dropped.
           const auto state = pop(c);
-          const auto target = top(c);
-          if (nodes_[target].kind != pk::dict || !nodes_[target].flag)
-            fail("BUILD is only allowed on an OrderedDict, not on a " + describe(target));
-          if (nodes_[state].kind != pk::dict && nodes_[state].kind != pk::none)
-            fail("BUILD state of an OrderedDict must be a dict, not a " + describe(state));
+          build(top(c), state);
+          break;
+        }
+        case op::NEWOBJ: {
+          // cls.__new__(cls, *args), how protocol 2 pickles an instance: only for the classes
+          // of plain data, which take no arguments (their state comes by BUILD).
+          const auto args = pop(c);
+          const auto cls = top(c);
+          if (nodes_[cls].kind != pk::callable) fail("NEWOBJ may only make an allowed class, not a " + describe(cls));
+          if (nodes_[args].kind != pk::tuple) fail("NEWOBJ arguments must be a tuple, not a " + describe(args));
+          stack_.back() = instance(cls, nodes_[args].items, "NEWOBJ");
+          break;
+        }
+        case op::EMPTY_SET: {
+          const auto n = make(pk::list);
+          nodes_[n].cls = py_class::set;
+          push(n);
+          break;
+        }
+        case op::ADDITEMS: {
+          const auto items = pop_mark(c);
+          const auto n = top(c);
+          if (nodes_[n].kind != pk::list || nodes_[n].cls != py_class::set) fail("ADDITEMS needs a set, not a " + describe(n));
+          add_to_set(n, items);
+          break;
+        }
+        case op::FROZENSET: {
+          const auto items = pop_mark(c);
+          const auto n = make(pk::list);
+          nodes_[n].cls = py_class::frozenset;
+          add_to_set(n, items);
+          push(n);
           break;
         }
         case op::BINPERSID: push(persistent(pop(c))); break;
@@ -228,15 +257,25 @@ class unpickler {
 
  private:
   enum class pk : std::uint8_t {
-    none, boolean, integer, floating, string, bytes, list, tuple, dict, tensor, callable, storage_type, storage
+    none, boolean, integer, floating, string, bytes, list, tuple, dict, tensor, callable, storage_type, storage,
+    ndarray  // a numpy array until its BUILD: items {dtype node, shape tuple node}, s its bytes
   };
   enum class fn : std::uint8_t {
     ordered_dict, rebuild_tensor_v2, rebuild_tensor, rebuild_parameter, rebuild_parameter_with_state, codecs_encode,
-    empty_bytes
+    empty_bytes,
+    // classes and functions of plain data (the writers' args, RNG states and bookkeeping)
+    namespace_class, set_class, frozenset_class, defaultdict_class, torch_size_class, object_class, copyreg_reconstructor,
+    numpy_reconstruct, numpy_ndarray_class, numpy_dtype_class, numpy_scalar,
+    factory_type,     // builtins.list, dict, int, ...: only as a defaultdict's factory
+    attribute_class,  // an attribute holder of the frameworks': made empty, filled by BUILD
+    enum_class,       // an enum of the frameworks': Enum(value)
+    getattr_enum      // getattr(Enum, 'name'), how Python 3.11 pickles an enum member
   };
   struct pnode {
     pk kind = pk::none;
-    bool flag = false;        // bool value; dict made by OrderedDict; tensor requires_grad
+    py_class cls = py_class::builtin;  // the class a container, str or array was made as
+    std::uint32_t cls_name = 0;        // object and enum_member: index in class_names_
+    bool flag = false;        // bool value; tensor requires_grad; ndarray: built
     std::int64_t i = 0;       // int; callable: fn; storage_type: dtype id (0: unsupported); tensor/storage: side index
     double f = 0;
     std::string s;            // str, bytes; callable and storage_type: the global's full name
@@ -354,6 +393,9 @@ class unpickler {
   }
   std::string describe(std::uint32_t n) const {
     const auto& x = nodes_[n];
+    if ((x.cls == py_class::object || x.cls == py_class::enum_member) && x.kind != pk::callable)
+      return ckpt::detail::printable(class_names_[x.cls_name]);
+    if (x.cls != py_class::builtin && x.kind != pk::callable) return std::string(to_string(x.cls));
     switch (x.kind) {
       case pk::callable: case pk::storage_type: return "global " + ckpt::detail::printable(x.s);
       case pk::storage: return "storage";
@@ -367,6 +409,7 @@ class unpickler {
       case pk::tuple: return "tuple";
       case pk::dict: return "dict";
       case pk::tensor: return "tensor";
+      case pk::ndarray: return "numpy.ndarray";
     }
     return "value";
   }
@@ -431,6 +474,9 @@ class unpickler {
       nodes_[n].s = full;
       return n;
     };
+    const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
+    });
     if (full == "collections.OrderedDict") return callable(fn::ordered_dict);
     if (full == "torch._utils._rebuild_tensor_v2") return callable(fn::rebuild_tensor_v2);
     if (full == "torch._utils._rebuild_tensor") return callable(fn::rebuild_tensor);
@@ -438,11 +484,43 @@ class unpickler {
     if (full == "torch._utils._rebuild_parameter_with_state") return callable(fn::rebuild_parameter_with_state);
     if (full == "_codecs.encode") return callable(fn::codecs_encode);
     if (full == "builtins.bytes" || full == "__builtin__.bytes") return callable(fn::empty_bytes);
+    // Plain data the training frameworks save beside the tensors (docs/cli.md lists them).
+    if (full == "argparse.Namespace") return callable(fn::namespace_class);
+    if (full == "builtins.set" || full == "__builtin__.set") return callable(fn::set_class);
+    if (full == "builtins.frozenset" || full == "__builtin__.frozenset") return callable(fn::frozenset_class);
+    if (full == "collections.defaultdict") return callable(fn::defaultdict_class);
+    if (full == "torch.Size") return callable(fn::torch_size_class);
+    if (full == "builtins.object" || full == "__builtin__.object") return callable(fn::object_class);
+    if (full == "copyreg._reconstructor" || full == "copy_reg._reconstructor") return callable(fn::copyreg_reconstructor);
+    if (full == "numpy.core.multiarray._reconstruct" || full == "numpy._core.multiarray._reconstruct")
+      return callable(fn::numpy_reconstruct);
+    if (full == "numpy.ndarray") return callable(fn::numpy_ndarray_class);
+    if (full == "numpy.dtype") return callable(fn::numpy_dtype_class);
+    if (full == "numpy.core.multiarray.scalar" || full == "numpy._core.multiarray.scalar") return callable(fn::numpy_scalar);
+    if (module == "builtins" || module == "__builtin__") {
+      static constexpr std::string_view factories[] = {"list", "dict", "int", "float", "str", "tuple", "bool"};
+      if (std::find(std::begin(factories), std::end(factories), name) != std::end(factories)) return callable(fn::factory_type);
+    }
+    if (is_attribute_class(full)) return callable(fn::attribute_class);
+    if (is_enum_class(full)) return callable(fn::enum_class);
+    if (full == "builtins.getattr" || full == "__builtin__.getattr") return callable(fn::getattr_enum);
+    if (module == "signal" && word && name.starts_with("SIG") && name != "SIG_DFL" && name != "SIG_IGN") {
+      // Python <= 3.11 pickles a signal.Signals member as the module's constant (signal.SIGTERM).
+      const auto n = make(pk::string);
+      nodes_[n].cls = py_class::enum_member;
+      nodes_[n].cls_name = class_name("signal.Signals");
+      nodes_[n].s = name;
+      return n;
+    }
+    if (module == "torch" && is_torch_dtype_name(name)) {
+      // torch.dtype pickles as the global itself (torch.float16): a value, not something to call.
+      const auto n = make(pk::string);
+      nodes_[n].cls = py_class::torch_dtype;
+      nodes_[n].s = name;
+      return n;
+    }
     // A storage class is only a type tag inside a persistent id; it is never called. Classes
     // ckpt has no dtype for (complex, quantized) are kept so the error can name the tensor.
-    const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
-      return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
-    });
     if (module == "torch" && word && name.ends_with("Storage") && name != "Storage") {
       const auto n = make(pk::storage_type);
       const auto t = dtype_of_torch_storage(name);
@@ -451,8 +529,265 @@ class unpickler {
       return n;
     }
     fail("global " + ckpt::detail::printable(full) +
-         " is not allowed (a state dict may only use collections.OrderedDict, the torch._utils tensor rebuild "
-         "functions and torch storage types)");
+         " is not allowed (a checkpoint may only use collections.OrderedDict, the torch._utils tensor rebuild "
+         "functions, torch storage types, torch.Size and torch dtypes, argparse.Namespace, set, frozenset, "
+         "collections.defaultdict, and numpy arrays, dtypes and scalars)");
+  }
+
+  /// Classes the frameworks save whose instances are only attributes (NEWOBJ, then BUILD with
+  /// their __dict__): DeepSpeed's loss scalers and ZeRO's fragment addresses, Megatron's
+  /// optimizer config, types.SimpleNamespace. Read as data; nothing of theirs runs.
+  static bool is_attribute_class(std::string_view full) {
+    static constexpr std::string_view classes[] = {
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.utils.tensor_fragment.fragment_address", "megatron.core.optimizer.optimizer_config.OptimizerConfig",
+        "types.SimpleNamespace"};
+    return std::find(std::begin(classes), std::end(classes), full) != std::end(classes);
+  }
+  /// Enums the frameworks save (DeepSpeed's ZeRO stage, Megatron's model type and attention
+  /// settings in its args, the signal its args name).
+  static bool is_enum_class(std::string_view full) {
+    static constexpr std::string_view enums[] = {
+        "deepspeed.runtime.zero.config.ZeroStageEnum", "megatron.core.enums.ModelType", "megatron.model.enums.ModelType",
+        "megatron.core.transformer.enums.AttnBackend", "megatron.core.transformer.enums.AttnMaskType",
+        "megatron.core.transformer.enums.CudaGraphModule", "megatron.core.transformer.enums.CudaGraphScope",
+        "megatron.core.transformer.enums.InferenceCudaGraphScope", "megatron.core.rerun_state_machine.RerunMode",
+        "megatron.core.rerun_state_machine.RerunState", "megatron.core.rerun_state_machine.RerunDiagnostic",
+        "signal.Signals"};
+    return std::find(std::begin(enums), std::end(enums), full) != std::end(enums);
+  }
+  std::uint32_t class_name(const std::string& full) {
+    const auto it = std::find(class_names_.begin(), class_names_.end(), full);
+    if (it != class_names_.end()) return static_cast<std::uint32_t>(it - class_names_.begin());
+    class_names_.push_back(full);
+    return static_cast<std::uint32_t>(class_names_.size() - 1);
+  }
+
+  static bool is_torch_dtype_name(std::string_view name) {
+    static constexpr std::string_view names[] = {
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool", "uint16", "uint32",
+        "uint64", "complex32", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "float8_e8m0fnu", "qint8", "quint8", "qint32", "quint4x2", "quint2x4", "double", "float", "half", "long", "int",
+        "short", "cfloat", "cdouble", "chalf"};
+    return std::find(std::begin(names), std::end(names), name) != std::end(names);
+  }
+
+  /// A set's elements, each once (Python keeps the first of equal elements).
+  void add_to_set(std::uint32_t set, std::span<const std::uint32_t> items) {
+    for (const auto item : items) {
+      const auto [it, fresh] = dict_index_.try_emplace({set, key_class(item, 0)}, nodes_[set].items.size());
+      if (fresh) nodes_[set].items.push_back(item);
+    }
+  }
+
+  /// OrderedDict([(k, v), ...]): the pairs into dict `d`.
+  void set_pairs(std::uint32_t d, std::uint32_t pairs, const std::string& name) {
+    const auto& l = nodes_[pairs];
+    if (l.kind != pk::list && l.kind != pk::tuple) fail(name + " takes a list of (key, value) pairs, not a " + describe(pairs));
+    std::vector<std::uint32_t> kv;
+    for (const auto p : l.items) {
+      if (nodes_[p].kind != pk::tuple || nodes_[p].items.size() != 2) fail(name + " takes (key, value) pairs, not a " + describe(p));
+      kv.push_back(nodes_[p].items[0]);
+      kv.push_back(nodes_[p].items[1]);
+    }
+    set_items(d, kv);
+  }
+
+  /// An instance of an allowed class of plain data, before its state (BUILD).
+  std::uint32_t instance(std::uint32_t cls, std::span<const std::uint32_t> args, const char* how) {
+    const auto f = static_cast<fn>(nodes_[cls].i);
+    const std::string name = nodes_[cls].s;  // a copy: make() may move the nodes
+    if (f == fn::namespace_class) {
+      arity(name, args.size(), 0, 0);
+      const auto d = make(pk::dict);
+      nodes_[d].cls = py_class::argparse_namespace;
+      return d;
+    }
+    if (f == fn::ordered_dict) {
+      arity(name, args.size(), 0, 0);
+      const auto d = make(pk::dict);
+      nodes_[d].cls = py_class::ordered_dict;
+      return d;
+    }
+    if (f == fn::attribute_class) {
+      arity(name, args.size(), 0, 0);
+      const auto d = make(pk::dict);
+      nodes_[d].cls = py_class::object;
+      nodes_[d].cls_name = class_name(name);
+      return d;
+    }
+    fail(std::string(how) + " may not make " + ckpt::detail::printable(name) +
+         " (only argparse.Namespace, collections.OrderedDict and the frameworks' attribute holders are made this way)");
+  }
+
+  /// BUILD: an object's state after it was made. Only the objects of plain data take one.
+  void build(std::uint32_t target, std::uint32_t state) {
+    auto& t = nodes_[target];
+    const auto& st = nodes_[state];
+    if (t.kind == pk::dict && t.cls == py_class::ordered_dict) {
+      // torch.save's one BUILD: attributes of a state dict (`_metadata`), not part of the data.
+      if (st.kind != pk::dict && st.kind != pk::none) fail("BUILD state of an OrderedDict must be a dict, not a " + describe(state));
+      return;
+    }
+    if (t.kind == pk::dict && (t.cls == py_class::argparse_namespace || t.cls == py_class::object)) {
+      // The instance's __dict__, or (__dict__, slots) as copyreg makes it.
+      std::uint32_t attrs = state;
+      if (st.kind == pk::tuple && st.items.size() == 2 && nodes_[st.items[1]].kind == pk::none) attrs = st.items[0];
+      const std::string what = describe(target);
+      if (nodes_[attrs].kind != pk::dict) fail("BUILD state of an " + what + " must be a dict, not a " + describe(attrs));
+      for (std::size_t i = 0; i < nodes_[attrs].items.size(); i += 2)
+        if (nodes_[nodes_[attrs].items[i]].kind != pk::string)
+          fail(what + " attribute names must be strings, not a " + describe(nodes_[attrs].items[i]));
+      const std::vector<std::uint32_t> kv = nodes_[attrs].items;
+      set_items(target, kv);
+      return;
+    }
+    if (t.kind == pk::string && t.cls == py_class::numpy_dtype) return build_numpy_dtype(target, state);
+    if (t.kind == pk::ndarray) return build_numpy_array(target, state);
+    fail("BUILD is only allowed on an OrderedDict, an argparse.Namespace and numpy arrays and dtypes, not on a " +
+         describe(target));
+  }
+
+  // ----- numpy ---------------------------------------------------------------------------------
+  // A dtype is kept as its array-protocol string ("<u4", "|b1"); an array as that string, its
+  // shape and its bytes in C order. Only numeric dtypes: an object array could hold anything.
+
+  /// Bytes of one element of numpy type code `code` ("u4" -> 4), or 0 if ckpt does not read it.
+  static std::size_t numpy_itemsize(std::string_view code) {
+    if (code.size() < 2) return 0;
+    const char k = code[0];
+    if (k != 'b' && k != 'i' && k != 'u' && k != 'f' && k != 'c') return 0;
+    std::size_t n = 0;
+    const auto r = std::from_chars(code.data() + 1, code.data() + code.size(), n);
+    if (r.ec != std::errc{} || r.ptr != code.data() + code.size()) return 0;
+    const bool ok = (k == 'b' && n == 1) || ((k == 'i' || k == 'u') && (n == 1 || n == 2 || n == 4 || n == 8)) ||
+                    (k == 'f' && (n == 2 || n == 4 || n == 8)) || (k == 'c' && (n == 8 || n == 16));
+    return ok ? n : 0;
+  }
+
+  /// numpy.dtype(code, align, copy): the type code; its byte order comes with BUILD.
+  std::uint32_t numpy_dtype(std::span<const std::uint32_t> args, const std::string& name) {
+    arity(name, args.size(), 1, 3);
+    if (nodes_[args[0]].kind != pk::string || numpy_itemsize(nodes_[args[0]].s) == 0)
+      fail("numpy dtype " + (nodes_[args[0]].kind == pk::string ? ckpt::detail::printable(nodes_[args[0]].s) : describe(args[0])) +
+           " is not a numeric dtype ckpt reads (bool, int, uint, float and complex of the usual sizes)");
+    const std::string code = nodes_[args[0]].s;  // a copy: make() may move the nodes
+    const auto n = make(pk::string);
+    nodes_[n].cls = py_class::numpy_dtype;
+    nodes_[n].s = (numpy_itemsize(code) == 1 ? "|" : "<") + code;
+    return n;
+  }
+  /// (version, byte order, subarray, names, fields, elsize, alignment, flags): only the order matters.
+  void build_numpy_dtype(std::uint32_t target, std::uint32_t state) {
+    const auto& st = nodes_[state];
+    if (st.kind != pk::tuple || st.items.size() < 2 || nodes_[st.items[1]].kind != pk::string)
+      fail("BUILD state of a numpy dtype must be a tuple starting (version, byte order), not a " + describe(state));
+    const std::string& order = nodes_[st.items[1]].s;
+    if (order != "<" && order != ">" && order != "|" && order != "=")
+      fail("numpy dtype byte order " + ckpt::detail::printable(order) + " is not one of <, >, |, =");
+    for (std::size_t i = 2; i < std::min<std::size_t>(st.items.size(), 5); ++i)
+      if (nodes_[st.items[i]].kind != pk::none) fail("structured numpy dtypes (subarrays, fields) are not supported");
+    // One-byte types have no order ('|'); "=" and "|" on a wider one mean this machine's,
+    // little-endian wherever ckpt runs.
+    auto& d = nodes_[target].s;
+    if (d[0] != '|') d[0] = order == ">" ? '>' : '<';
+  }
+  std::uint32_t numpy_array(std::span<const std::uint32_t> args, const std::string& name) {
+    // _reconstruct(numpy.ndarray, (0,), b'b'): an empty array, filled by BUILD.
+    arity(name, args.size(), 3, 3);
+    if (nodes_[args[0]].kind != pk::callable || static_cast<fn>(nodes_[args[0]].i) != fn::numpy_ndarray_class)
+      fail(name + " may only make a numpy.ndarray, not a " + describe(args[0]));
+    const auto n = make(pk::ndarray);
+    nodes_[n].items = {0, 0};
+    return n;
+  }
+  /// (version, shape, dtype, is_fortran, raw bytes), or without the version.
+  void build_numpy_array(std::uint32_t target, std::uint32_t state) {
+    const auto& st = nodes_[state];
+    if (st.kind != pk::tuple || (st.items.size() != 5 && st.items.size() != 4))
+      fail("BUILD state of a numpy array must be (version, shape, dtype, is_fortran, data), not a " + describe(state));
+    const std::size_t at = st.items.size() == 5 ? 1 : 0;
+    const auto shape = arg_dims(st.items[at], "numpy array shape");
+    const auto dt = st.items[at + 1];
+    if (nodes_[dt].kind != pk::string || nodes_[dt].cls != py_class::numpy_dtype)
+      fail("numpy array dtype must be a numpy.dtype, not a " + describe(dt));
+    const bool fortran = arg_bool(st.items[at + 2], "numpy array is_fortran") && shape.size() > 1;
+    const auto& data = nodes_[st.items[at + 3]];
+    if (data.kind != pk::bytes) fail("numpy array data must be bytes (an object array is not data), not a " + describe(st.items[at + 3]));
+    std::uint64_t count = numpy_itemsize(std::string_view(nodes_[dt].s).substr(1));
+    for (const auto d : shape)
+      if (d != 0 && count > std::numeric_limits<std::uint64_t>::max() / d) fail("numpy array shape overflows 64 bits");
+      else count *= d;
+    if (count != data.s.size())
+      fail("numpy array of shape " + ckpt::detail::to_string(shape) + " and dtype " + nodes_[dt].s + " needs " +
+           std::to_string(count) + " bytes, its data has " + std::to_string(data.s.size()));
+    auto& t = nodes_[target];
+    if (t.flag) fail("BUILD of a numpy array that was already built");
+    const auto shape_node = st.items[at];
+    std::string bytes = fortran ? c_order(data.s, shape, numpy_itemsize(std::string_view(nodes_[dt].s).substr(1))) : data.s;
+    t.flag = true;
+    t.items = {dt, shape_node};
+    t.s = std::move(bytes);
+  }
+  /// The elements of a Fortran-ordered array (first index fastest), in C order (last fastest).
+  static std::string c_order(const std::string& f, const std::vector<std::uint64_t>& shape, std::size_t item) {
+    std::string out(f.size(), '\0');
+    const std::size_t rank = shape.size();
+    std::vector<std::uint64_t> fstride(rank, 1), index(rank, 0);
+    for (std::size_t k = 1; k < rank; ++k) fstride[k] = fstride[k - 1] * shape[k - 1];
+    const std::uint64_t count = item ? f.size() / item : 0;
+    for (std::uint64_t c = 0; c < count; ++c) {  // c walks C order; index is its multi-index
+      std::uint64_t at = 0;
+      for (std::size_t k = 0; k < rank; ++k) at += index[k] * fstride[k];
+      std::memcpy(out.data() + c * item, f.data() + at * item, item);
+      for (std::size_t k = rank; k-- > 0;) {
+        if (++index[k] < shape[k]) break;
+        index[k] = 0;
+      }
+    }
+    return out;
+  }
+  /// numpy.core.multiarray.scalar(dtype, bytes): the Python number it holds.
+  std::uint32_t numpy_scalar(std::span<const std::uint32_t> args, const std::string& name) {
+    arity(name, args.size(), 2, 2);
+    if (nodes_[args[0]].kind != pk::string || nodes_[args[0]].cls != py_class::numpy_dtype)
+      fail(name + " needs a numpy.dtype, not a " + describe(args[0]));
+    if (nodes_[args[1]].kind != pk::bytes) fail(name + " needs the scalar's bytes, not a " + describe(args[1]));
+    const std::string dtype = nodes_[args[0]].s, raw = nodes_[args[1]].s;  // copies: make() may move the nodes
+    const std::string_view d = dtype;
+    const std::size_t size = numpy_itemsize(d.substr(1));
+    if (raw.size() != size)
+      fail("numpy scalar of dtype " + dtype + " has " + std::to_string(raw.size()) + " bytes, not " + std::to_string(size));
+    std::uint64_t bits = 0;
+    for (std::size_t i = 0; i < size; ++i) {
+      const auto b = static_cast<std::uint8_t>(raw[d[0] == '>' ? i : size - 1 - i]);
+      bits = (bits << 8) | b;
+    }
+    const char k = d[1];
+    if (k == 'b') {
+      const auto n = make(pk::boolean);
+      nodes_[n].flag = bits != 0;
+      return n;
+    }
+    if (k == 'i' || k == 'u') {
+      std::int64_t v = static_cast<std::int64_t>(bits);
+      if (k == 'i' && size < 8 && (bits >> (8 * size - 1)) & 1) v = static_cast<std::int64_t>(bits | (~std::uint64_t{0} << (8 * size)));
+      if (k == 'u' && size == 8 && bits > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail("numpy uint64 scalar " + std::to_string(bits) + " does not fit a 64-bit int");
+      const auto n = make(pk::integer);
+      nodes_[n].i = v;
+      return n;
+    }
+    if (k == 'f') {
+      double v = 0;
+      if (size == 8) v = std::bit_cast<double>(bits);
+      else if (size == 4) v = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
+      else v = float16::to_float(static_cast<std::uint16_t>(bits));
+      const auto n = make(pk::floating);
+      nodes_[n].f = v;
+      return n;
+    }
+    fail("numpy scalar of dtype " + dtype + " (complex) is not supported");
   }
 
   /// ('storage', torch.XStorage, key, location, numel) -> a storage node.
@@ -509,11 +844,93 @@ class unpickler {
     const std::string name = nodes_[callee].s;
     switch (f) {
       case fn::ordered_dict: {
-        arity(name, args.size(), 0, 0);
+        // OrderedDict() or, from some writers, OrderedDict([(key, value), ...]).
+        arity(name, args.size(), 0, 1);
         const auto d = make(pk::dict);
-        nodes_[d].flag = true;
+        nodes_[d].cls = py_class::ordered_dict;
+        if (args.size() == 1) set_pairs(d, args[0], name);
         return d;
       }
+      case fn::namespace_class: return instance(callee, args, "REDUCE");
+      case fn::set_class: case fn::frozenset_class: {
+        // set([items]) or set(): protocol 2's way of pickling a set.
+        arity(name, args.size(), 0, 1);
+        const auto n = make(pk::list);
+        nodes_[n].cls = f == fn::set_class ? py_class::set : py_class::frozenset;
+        if (args.size() == 1) {
+          const auto& l = nodes_[args[0]];
+          if (l.kind != pk::list && l.kind != pk::tuple) fail(name + " takes a list of its elements, not a " + describe(args[0]));
+          const std::vector<std::uint32_t> items = l.items;
+          add_to_set(n, items);
+        }
+        return n;
+      }
+      case fn::defaultdict_class: {
+        // defaultdict(factory): the items follow by SETITEMS; the factory is not data.
+        arity(name, args.size(), 0, 1);
+        if (args.size() == 1 && nodes_[args[0]].kind != pk::none &&
+            !(nodes_[args[0]].kind == pk::callable && static_cast<fn>(nodes_[args[0]].i) == fn::factory_type))
+          fail(name + "'s default factory may only be None or a builtin type (list, dict, int, ...), not a " + describe(args[0]));
+        const auto d = make(pk::dict);
+        nodes_[d].cls = py_class::defaultdict;
+        return d;
+      }
+      case fn::torch_size_class: {
+        arity(name, args.size(), 0, 1);
+        const auto n = make(pk::tuple);
+        nodes_[n].cls = py_class::torch_size;
+        if (args.size() == 1) {
+          const auto dims = arg_dims(args[0], "torch.Size");
+          (void)dims;  // checked: non-negative ints
+          nodes_[n].items = nodes_[args[0]].items;
+        }
+        return n;
+      }
+      case fn::copyreg_reconstructor: {
+        // copyreg._reconstructor(cls, object, None), protocols 0 and 1's way of making an instance.
+        arity(name, args.size(), 3, 3);
+        const auto cls = args[0];
+        if (nodes_[cls].kind != pk::callable) fail(name + " needs an allowed class, not a " + describe(cls));
+        if (nodes_[args[1]].kind != pk::callable || static_cast<fn>(nodes_[args[1]].i) != fn::object_class ||
+            nodes_[args[2]].kind != pk::none)
+          fail(name + " is only allowed as copyreg._reconstructor(cls, object, None)");
+        return instance(cls, {}, "copyreg._reconstructor");
+      }
+      case fn::attribute_class: return instance(callee, args, "REDUCE");  // types.SimpleNamespace()
+      case fn::enum_class: {
+        // Enum(value): the member, kept as its value.
+        arity(name, args.size(), 1, 1);
+        const auto& v = nodes_[args[0]];
+        if (v.kind != pk::integer && v.kind != pk::string)
+          fail(name + " takes its member's value (an int or a str), not a " + describe(args[0]));
+        const auto n = make(v.kind);
+        nodes_[n] = nodes_[args[0]];
+        nodes_[n].cls = py_class::enum_member;
+        nodes_[n].cls_name = class_name(name);
+        return n;
+      }
+      case fn::getattr_enum: {
+        // getattr(Enum, 'NAME'): only an allowed enum's member, kept as its name.
+        arity(name, args.size(), 2, 2);
+        if (nodes_[args[0]].kind != pk::callable || static_cast<fn>(nodes_[args[0]].i) != fn::enum_class)
+          fail(name + " is only allowed on the frameworks' enums, not on a " + describe(args[0]));
+        const pnode e = nodes_[args[0]], member = nodes_[args[1]];  // copies: make() may move the nodes
+        if (member.kind != pk::string || member.s.empty() || member.s.size() > 128 ||
+            !std::all_of(member.s.begin(), member.s.end(), [](char ch) {
+              return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
+            }))
+          fail(name + " takes an enum member's name (letters, digits, '_'), not a " + describe(args[1]));
+        const auto n = make(pk::string);
+        nodes_[n].s = member.s;
+        nodes_[n].cls = py_class::enum_member;
+        nodes_[n].cls_name = class_name(e.s);
+        return n;
+      }
+      case fn::numpy_reconstruct: return numpy_array(args, name);
+      case fn::numpy_dtype_class: return numpy_dtype(args, name);
+      case fn::numpy_scalar: return numpy_scalar(args, name);
+      case fn::numpy_ndarray_class: case fn::object_class: case fn::factory_type:
+        fail(name + " may not be called here");
       case fn::rebuild_tensor: case fn::rebuild_tensor_v2: {
         // (storage, storage_offset, size, stride[, requires_grad, backward_hooks[, metadata]])
         if (f == fn::rebuild_tensor) arity(name, args.size(), 4, 4);
@@ -601,14 +1018,21 @@ class unpickler {
     switch (x.kind) {
       case pk::none: return py_object();
       case pk::boolean: return py_object(x.flag);
-      case pk::integer: return py_object(x.i);
+      case pk::integer: return py_object(x.i).with_class(x.cls, class_of(x));
       case pk::floating: return py_object(x.f);
-      case pk::string: return py_object(x.s);
+      case pk::string: return py_object(x.s).with_class(x.cls, class_of(x));
       case pk::bytes: return py_object::bytes(x.s);
       case pk::callable: case pk::storage_type:
         fail_at(path, "global " + ckpt::detail::printable(x.s) + " cannot be used as a value");
       case pk::storage: fail_at(path, "a bare storage cannot be used as a value");
       case pk::tensor: return tensor(n, path);
+      case pk::ndarray: {
+        if (!x.flag) fail_at(path, "a numpy array without its data (no BUILD)");
+        auto shape = convert(x.items[1], depth + 1, path);
+        return py_object::tuple({py_object(nodes_[x.items[0]].s).with_class(py_class::numpy_dtype), std::move(shape),
+                                 py_object::bytes(x.s)})
+            .with_class(py_class::numpy_array);
+      }
       case pk::list: case pk::tuple: case pk::dict: break;
     }
     if (on_path_[n]) fail_at(path, "recursive structure (a container contains itself)");
@@ -616,7 +1040,7 @@ class unpickler {
     const std::size_t mark = path.size();
     py_object out;
     if (x.kind == pk::dict) {
-      out = nodes_[n].flag ? py_object::ordered_dict() : py_object::dict();
+      out = (nodes_[n].cls == py_class::ordered_dict ? py_object::ordered_dict() : py_object::dict()).with_class(x.cls, class_of(x));
       auto& entries = std::get<py_object::dict_type>(out.v_);
       entries.reserve(x.items.size() / 2);
       for (std::size_t i = 0; i < x.items.size(); i += 2) {
@@ -635,11 +1059,15 @@ class unpickler {
         path += "[" + std::to_string(i) + "]";
         items.push_back(convert(x.items[i], depth + 1, path));
       }
-      out = x.kind == pk::list ? py_object::list(std::move(items)) : py_object::tuple(std::move(items));
+      out = (x.kind == pk::list ? py_object::list(std::move(items)) : py_object::tuple(std::move(items))).with_class(x.cls);
     }
     path.resize(mark);
     on_path_[n] = 0;
     return out;
+  }
+
+  std::string class_of(const pnode& x) const {
+    return x.cls == py_class::object || x.cls == py_class::enum_member ? class_names_[x.cls_name] : std::string();
   }
 
   py_object tensor(std::uint32_t n, const std::string& path) const {
@@ -676,6 +1104,7 @@ class unpickler {
   std::map<std::pair<bool, std::string>, std::uint32_t> text_classes_;
   std::map<std::vector<std::uint32_t>, std::uint32_t> tuple_classes_;
   std::uint32_t next_class_ = 1;
+  std::vector<std::string> class_names_{""};  // of objects and enum members; 0: none
   std::vector<std::uint8_t> on_path_;
   std::uint64_t converted_ = 0, result_bytes_ = 0;
 };
