@@ -311,6 +311,7 @@ def neox_deepspeed_file_imports_faithfully():
     check(j["iteration"] == 200, j["iteration"])  # from "iteration", not 0
     names = sorted(t["name"] for t in j["tensors"])
     check("sequential.0.word_embeddings.weight" in names and not any(n.startswith("module.") for n in names), names)
+    check("__ckpt.validation_logits" in names and "checkpoint_validation_logits" not in names, names)
     check(j["config"]["hidden_size"] == 8 and j["config"]["global_steps"] == 200 and j["config"]["ds_version"] == "0.16.5", j["config"])
     check(draws(root, "random_rng_state", 3) == py_next, "Python's random does not continue in C++")
     out = os.path.join(tmp, "neox_back.pt")
