@@ -331,6 +331,172 @@ def iteration_from_the_tag_folder():
     check(json.loads(run("inspect", root, "--json").stdout)["iteration"] == 42, "iteration not taken from global_step42")
 
 
+def megatron_global_model(seed):
+    """A 4-layer model as whole tensors: name -> (tensor, split dim or -1), Megatron-core names."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    m = {"embedding.word_embeddings.weight": (r(32, 8), 0), "decoder.final_layernorm.weight": (r(8), -1),
+         "output_layer.weight": (r(32, 8), 0)}
+    for L in range(4):
+        p = f"decoder.layers.{L}."
+        m.update({p + "input_layernorm.weight": (r(8), -1), p + "self_attention.linear_qkv.weight": (r(24, 8), 0),
+                  p + "self_attention.linear_qkv.bias": (r(24), 0), p + "self_attention.linear_proj.weight": (r(8, 8), 1),
+                  p + "self_attention.linear_proj.bias": (r(8), -1), p + "mlp.linear_fc1.weight": (r(16, 8), 0),
+                  p + "mlp.linear_fc2.weight": (r(8, 16), 1)})
+    return m
+
+
+def shard(t, dim, rank, tp):
+    return t if dim < 0 else t.chunk(tp, dim)[rank].clone()
+
+
+def write_megatron(root, model, tp, pp, iteration, bad=None):
+    """Megatron-LM's layout, as its save_checkpoint writes it: one model_optim_rng.pt per (tp, pp)
+    rank, each stage's layers numbered from 0, the tracker file at the root."""
+    per_stage = 4 // pp
+    tag = os.path.join(root, f"iter_{iteration:07d}")
+    for p in range(pp):
+        for t in range(tp):
+            sd = collections.OrderedDict()
+            for name, (tensor, dim) in model.items():
+                layer = name.split(".")[2] if name.startswith("decoder.layers.") else None
+                if layer is not None:
+                    L = int(layer)
+                    if L // per_stage != p:
+                        continue
+                    name = name.replace(f"layers.{L}.", f"layers.{L - p * per_stage}.")
+                elif name.startswith("embedding.") and p != 0 or (name.startswith(("output_layer", "decoder.final")) and p != pp - 1):
+                    continue
+                sd[name] = shard(tensor, dim, t, tp)
+            if bad == "dtype" and (t, p) == (1, 0):
+                sd["decoder.layers.0.mlp.linear_fc1.weight"] = sd["decoder.layers.0.mlp.linear_fc1.weight"].half()
+            if bad == "replica" and (t, p) == (1, 0):
+                sd["decoder.layers.0.input_layernorm.weight"] = sd["decoder.layers.0.input_layernorm.weight"] + 1
+            random.seed(100 + t + 10 * p)
+            d = {"args": argparse.Namespace(num_layers=4, hidden_size=8, tensor_model_parallel_size=tp,
+                                            pipeline_model_parallel_size=pp, params_dtype=torch.float32),
+                 "checkpoint_version": 3.0, "iteration": iteration, "model": sd,
+                 "optimizer": {"state": {0: {"exp_avg": torch.full((3,), float(t + 10 * p)), "step": 9}}},
+                 "rng_state": [{"random_rng_state": random.getstate(), "torch_rng_state": torch.get_rng_state()}]}
+            folder = os.path.join(tag, f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else ""))
+            os.makedirs(folder)
+            torch.save(d, os.path.join(folder, "model_optim_rng.pt"))
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+    return tag
+
+
+@case
+def megatron_tp2_pp2_checkpoint_imports():
+    model = megatron_global_model(1)
+    src = os.path.join(tmp, "mlm_tp2pp2")
+    write_megatron(src, model, 2, 2, 500)
+    root = os.path.join(tmp, "from_mlm_tp2pp2")
+    p = run("import", src, root)  # the root: latest_checkpointed_iteration.txt names the tag
+    check("tp=2 pp=2, 4 files" in p.stdout and "iteration 500" in p.stdout, p.stdout)
+    check("optimizer.state.0.exp_avg differs between ranks" in p.stderr, p.stderr)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    check(j["topology"]["tp"] == 2 and j["topology"]["pp"] == 2 and j["iteration"] == 500, j["topology"])
+    check(j["config"]["num_layers"] == 4 and j["config"]["params_dtype"] == "float32", j["config"])
+    shapes = {t["name"]: t["shape"] for t in j["tensors"]}
+    for name, (tensor, _) in model.items():
+        check(shapes.get(name) == list(tensor.shape), (name, shapes.get(name)))
+    check(shapes["optimizer.state.0.exp_avg"] == [4, 3], shapes["optimizer.state.0.exp_avg"])
+    run("verify", root)
+    # One global tensor per name, equal to the model the shards came from; and again after a
+    # reshard to tp=1 in C++ (what a C++ engine resuming at another tp reads).
+    for r, label in ((root, "tp=2 pp=2"), (os.path.join(tmp, "mlm_tp1"), "resharded to tp=1")):
+        if r != root:
+            run("reshard", root, r, "--tp", "1")
+        out = os.path.join(tmp, "mlm_export.pt")
+        run("export", r, out, "--format", "torch")
+        sd = torch.load(out)
+        for name, (tensor, _) in model.items():
+            check(name in sd and torch.equal(sd[name], tensor), f"{label}: {name} is not the global tensor")
+        check(torch.equal(sd["optimizer.state.0.exp_avg"][3], torch.full((3,), 11.0)), f"{label}: per-rank optimizer state")
+        os.remove(out)
+
+
+@case
+def megatron_tag_folder_and_tp2_only():
+    model = megatron_global_model(2)
+    # A tensor the naming rules do not know (an adapter of the user's), split by rows.
+    model["decoder.layers.0.adapter.weight"] = (torch.randn(6, 8, generator=torch.Generator().manual_seed(4)), 0)
+    src = os.path.join(tmp, "mlm_tp2")
+    tag = write_megatron(src, model, 2, 1, 80)
+    bad_root = os.path.join(tmp, "from_mlm_nosplit")
+    p = run("import", tag, bad_root, expect="nonzero")
+    check("decoder.layers.0.adapter.weight" in p.stderr and "--split" in p.stderr, p.stderr)
+    check(not os.path.exists(os.path.join(bad_root, "latest")), "a failed import committed")
+    root = os.path.join(tmp, "from_mlm_tp2")
+    run("import", tag, root, "--split", "*adapter.weight=0")  # one tag folder; --split says how
+    out = os.path.join(tmp, "mlm_tp2.pt")
+    run("export", root, out, "--format", "torch")
+    sd = torch.load(out)
+    for n, (t, _) in model.items():
+        check(n in sd and torch.equal(sd[n], t), f"tp=2 import: {n} differs from the model")
+
+
+@case
+def bad_megatron_checkpoints_are_refused():
+    model = megatron_global_model(3)
+    for bad, needles in (("dtype", ["decoder.layers.0.mlp.linear_fc1.weight", "f32", "f16", "mp_rank_01_000"]),
+                         ("replica", ["decoder.layers.0.input_layernorm.weight", "replicated but differs", "mp_rank_01_000"])):
+        src = os.path.join(tmp, f"mlm_bad_{bad}")
+        write_megatron(src, model, 2, 2, 10, bad=bad)
+        root = os.path.join(tmp, f"from_mlm_bad_{bad}")
+        p = run("import", src, root, expect="nonzero")
+        for n in needles:
+            check(n in p.stderr, f"{bad}: message lacks {n!r}: {p.stderr}")
+        check(not os.path.exists(os.path.join(root, "latest")), f"{bad}: something was committed")
+    src = os.path.join(tmp, "mlm_missing")
+    tag = write_megatron(src, model, 2, 2, 10)
+    shutil.rmtree(os.path.join(tag, "mp_rank_01_001"))
+    p = run("import", src, os.path.join(tmp, "from_mlm_missing"), expect="nonzero")
+    check("mp_rank_01_001/model_optim_rng.pt is missing" in p.stderr, p.stderr)
+    empty = os.path.join(tmp, "not_a_checkpoint")
+    os.makedirs(empty)
+    p = run("import", empty, os.path.join(tmp, "from_nothing"), expect="nonzero")
+    check("is not a checkpoint ckpt import reads" in p.stderr, p.stderr)
+
+
+@case
+def neox_tp2_checkpoint_imports():
+    # GPT-NeoX through DeepSpeed without pipeline parallelism: global_stepN/mp_rank_TT_model_states.pt
+    # with the weights under "module", and `latest` naming the tag; a ZeRO partition beside them.
+    g = torch.Generator().manual_seed(9)
+    whole = {"sequential.0.word_embeddings.weight": (torch.randn(16, 8, generator=g), 0),
+             "sequential.2.input_layernorm.weight": (torch.randn(8, generator=g), -1),
+             "sequential.2.attention.query_key_value.weight": (torch.randn(24, 8, generator=g), 0),
+             "sequential.2.attention.dense.weight": (torch.randn(8, 8, generator=g), 1),
+             "sequential.2.attention.dense.bias": (torch.randn(8, generator=g), -1),
+             "sequential.2.mlp.dense_h_to_4h.weight": (torch.randn(32, 8, generator=g), 0),
+             "sequential.2.mlp.dense_4h_to_h.weight": (torch.randn(8, 32, generator=g), 1),
+             "sequential.4.norm.weight": (torch.randn(8, generator=g), -1),
+             "sequential.5.final_linear.weight": (torch.randn(16, 8, generator=g), 0)}
+    src = os.path.join(tmp, "neox_tp2")
+    tag = os.path.join(src, "global_step300")
+    os.makedirs(tag)
+    for t in range(2):
+        module = collections.OrderedDict((n, shard(x, d, t, 2)) for n, (x, d) in whole.items())
+        torch.save({"module": module, "optimizer": None, "global_steps": 300, "iteration": 300, "sparse_tensor_module_names": set(),
+                    "param_shapes": [collections.OrderedDict((n, v.shape) for n, v in module.items())], "ds_version": "0.16.5",
+                    "args": {"num_layers": 1, "hidden_size": 8, "model_parallel_size": 2}},
+                   os.path.join(tag, f"mp_rank_{t:02d}_model_states.pt"))
+        torch.save({"optimizer_state_dict": {"zero_stage": 1}}, os.path.join(tag, f"zero_pp_rank_0_mp_rank_{t:02d}_optim_states.pt"))
+    with open(os.path.join(src, "latest"), "w") as f:
+        f.write("global_step300")
+    root = os.path.join(tmp, "from_neox_tp2")
+    p = run("import", src, root)
+    check("GPT-NeoX/DeepSpeed" in p.stdout and "tp=2 pp=1" in p.stdout and "iteration 300" in p.stdout, p.stdout)
+    check("zero_pp_rank_0_mp_rank_00_optim_states.pt: ZeRO optimizer partitions are not imported yet" in p.stderr, p.stderr)
+    out = os.path.join(tmp, "neox_tp2.pt")
+    run("export", root, out, "--format", "torch")
+    sd = torch.load(out)
+    for n, (x, _) in whole.items():
+        check(n in sd and torch.equal(sd[n], x), f"{n} is not the global tensor")
+
+
 @case
 def hostile_pickle_is_refused():
     marker = os.path.join(tmp, "pwned")

@@ -169,9 +169,10 @@ struct export_args {
   std::uint64_t block_bytes = 64ull << 20;
 };
 struct import_args {
-  std::string file, root;
+  std::string file, root;                  ///< file: a file, a tag folder or a checkpoint root
   std::optional<std::uint64_t> iteration;  ///< none: the file's "iteration", else 0
-  std::optional<std::string> tag;
+  std::optional<std::string> tag;          ///< of SRC (a root); a single file's import saves under it
+  std::vector<std::pair<std::string, int>> splits;  ///< (name glob, dimension; -1 replicated)
 };
 struct prune_args { std::string root; std::size_t keep = 0; bool dry_run = false; };
 

@@ -13,20 +13,28 @@
 // v.value(name, engine). Other ints, floats, bools and strings become config entries; anything
 // else is reported as left out.
 
+#include <fnmatch.h>
+
 #include <array>
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
+#include <regex>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/in_process.hpp>
 #include <ckpt/interop/safetensors.hpp>
 #include <ckpt/interop/torch.hpp>
 
 #include "cli.hpp"
+#include "layers.hpp"
 
 namespace ckpt_tool {
 
@@ -303,10 +311,339 @@ void from_safetensors(const Source& src, const std::vector<ckpt::interop::safete
 
 bool ends_with(const std::string& s, std::string_view tail) { return s.size() >= tail.size() && s.ends_with(tail); }
 
+// ----- whole checkpoints: every rank's file ---------------------------------------------------
+// Megatron-LM: <tag>/mp_rank_TT[_PPP]/model_optim_rng.pt. GPT-NeoX/DeepSpeed:
+// <tag>/mp_rank_TT_model_states.pt. A root names its tag in latest_checkpointed_iteration.txt
+// (Megatron: an iteration, or "release") or latest (DeepSpeed: the folder's name).
+
+struct rank_file {
+  std::uint32_t tp = 0, pp = 0;
+  fs::path file;
+};
+struct source_checkpoint {
+  std::string layout;  // "Megatron-LM" or "GPT-NeoX/DeepSpeed"
+  fs::path tag_dir;
+  std::uint32_t tp = 1, pp = 1;
+  std::vector<rank_file> ranks;  // rank r = t + tp * p
+  std::vector<std::string> not_imported;  // files of the tag left out (ZeRO partitions)
+};
+
+std::string read_first_line(const fs::path& f) {
+  std::ifstream in(f);
+  std::string line;
+  std::getline(in, line);
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\n')) line.pop_back();
+  return line;
+}
+
+/// The tag folder SRC means: SRC itself, or the one its tracker file names (--tag overrides).
+fs::path tag_folder(const fs::path& src, const std::optional<std::string>& tag) {
+  const bool megatron_root = fs::exists(src / "latest_checkpointed_iteration.txt"), deepspeed_root = fs::exists(src / "latest");
+  if (!megatron_root && !deepspeed_root) {
+    if (tag) return src / *tag;
+    return src;
+  }
+  std::string name;
+  if (tag) {
+    name = *tag;
+  } else if (megatron_root) {
+    const auto t = read_first_line(src / "latest_checkpointed_iteration.txt");
+    if (t == "release") {
+      name = "release";
+    } else {
+      if (t.empty() || t.size() > 19 || !std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        throw ckpt::error(ckpt::error_kind::corrupt, (src / "latest_checkpointed_iteration.txt").string() + " holds " +
+                                                         ckpt::detail::printable(t) + ", not an iteration or 'release'");
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "iter_%07llu", static_cast<unsigned long long>(std::stoull(t)));
+      name = buf;
+    }
+  } else {
+    name = read_first_line(src / "latest");
+  }
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    throw ckpt::error(ckpt::error_kind::corrupt, src.string() + ": the tracker names tag " + ckpt::detail::printable(name));
+  const auto dir = src / name;
+  if (!fs::is_directory(dir)) throw ckpt::error(ckpt::error_kind::not_found, src.string() + " names tag " + name + ", but " + dir.string() + " does not exist");
+  return dir;
+}
+
+source_checkpoint find_ranks(const fs::path& tag_dir) {
+  source_checkpoint c;
+  c.tag_dir = tag_dir;
+  static const std::regex megatron_dir(R"(mp_rank_(\d{2})(?:_(\d{3}))?)"), deepspeed_file(R"(mp_rank_(\d{2})_model_states\.pt)"),
+      layer_file(R"(layer_\d+-model_\d+-model_states\.pt)"), zero_file(R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
+  bool layers = false;
+  for (const auto& e : fs::directory_iterator(tag_dir)) {
+    const auto name = e.path().filename().string();
+    std::smatch m;
+    if (e.is_directory() && std::regex_match(name, m, megatron_dir) && fs::exists(e.path() / "model_optim_rng.pt")) {
+      c.layout = c.layout.empty() || c.layout == "Megatron-LM" ? "Megatron-LM" : "mixed";
+      c.ranks.push_back({static_cast<std::uint32_t>(std::stoul(m[1])), m[2].matched ? static_cast<std::uint32_t>(std::stoul(m[2])) : 0u,
+                         e.path() / "model_optim_rng.pt"});
+    } else if (e.is_regular_file() && std::regex_match(name, m, deepspeed_file)) {
+      c.layout = c.layout.empty() || c.layout == "GPT-NeoX/DeepSpeed" ? "GPT-NeoX/DeepSpeed" : "mixed";
+      c.ranks.push_back({static_cast<std::uint32_t>(std::stoul(m[1])), 0u, e.path()});
+    } else if (e.is_regular_file() && std::regex_match(name, layer_file)) {
+      layers = true;
+    } else if (e.is_regular_file() && std::regex_match(name, zero_file)) {
+      c.not_imported.push_back(name);
+    }
+  }
+  if (c.ranks.empty())
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      tag_dir.string() + " is not a checkpoint ckpt import reads: it holds neither Megatron-LM's mp_rank_TT[_PPP]/model_optim_rng.pt "
+                                         "nor GPT-NeoX/DeepSpeed's mp_rank_TT_model_states.pt");
+  if (c.layout == "mixed")
+    throw ckpt::error(ckpt::error_kind::invalid_argument, tag_dir.string() + " holds files of both Megatron-LM's and DeepSpeed's layouts");
+  if (layers)
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      tag_dir.string() + " holds DeepSpeed pipeline layer files (layer_LL-model_TT-model_states.pt): importing those "
+                                         "is not supported yet");
+  for (const auto& r : c.ranks) {
+    c.tp = std::max(c.tp, r.tp + 1);
+    c.pp = std::max(c.pp, r.pp + 1);
+  }
+  std::vector<const rank_file*> by_rank(static_cast<std::size_t>(c.tp) * c.pp, nullptr);
+  for (const auto& r : c.ranks) by_rank[r.tp + c.tp * r.pp] = &r;
+  for (std::uint32_t p = 0; p < c.pp; ++p)
+    for (std::uint32_t t = 0; t < c.tp; ++t)
+      if (!by_rank[t + c.tp * p]) {
+        char name[64];
+        if (c.layout == "Megatron-LM")
+          std::snprintf(name, sizeof name, c.pp > 1 ? "mp_rank_%02u_%03u/model_optim_rng.pt" : "mp_rank_%02u/model_optim_rng.pt", t, p);
+        else
+          std::snprintf(name, sizeof name, "mp_rank_%02u_model_states.pt", t);
+        throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / name).string() + " is missing: the other files make a tp=" +
+                                                           std::to_string(c.tp) + " pp=" + std::to_string(c.pp) + " checkpoint");
+      }
+  std::vector<rank_file> ordered;
+  for (auto* r : by_rank) ordered.push_back(*r);
+  c.ranks = std::move(ordered);
+  return c;
+}
+
+/// Which dimension Megatron-LM and GPT-NeoX split a tensor along over the tp ranks, from its
+/// name: column-parallel weights and biases on 0, row-parallel weights on 1, vocabulary-
+/// parallel embeddings and output layers on 0; -1 (replicated) for norms, row-parallel biases,
+/// position embeddings; nullopt when the name says nothing (docs/cli.md has the table).
+std::optional<int> megatron_split(const std::string& name) {
+  auto has = [&](std::string_view part) { return name.find(part) != std::string::npos; };
+  auto ends = [&](std::string_view tail) { return name.ends_with(tail); };
+  if (has("norm") || has("position_embeddings") || has("inv_freq")) return -1;
+  for (const std::string_view row : {"attention.dense.", "self_attention.dense.", "linear_proj.", "dense_4h_to_h.", "linear_fc2."})
+    if (has(row)) return ends(".weight") ? 1 : -1;  // a row-parallel layer's bias is replicated
+  for (const std::string_view col : {"query_key_value.", "linear_qkv.", "dense_h_to_4h.", "linear_fc1.", "word_embeddings.",
+                                     "output_layer.", "final_linear.", "embed_out.", "lm_head."})
+    if (has(col)) return 0;
+  return std::nullopt;
+}
+
+/// One source rank's tensors, engines and per-rank values as it saves them into ckpt.
+struct rank_save {
+  std::vector<std::pair<std::string, ckpt::tensor_ref>> tensors;
+  std::vector<std::pair<std::string, std::mt19937>> engines;
+  std::vector<std::pair<std::string, std::string>> values;  // config entries that differ between ranks, as text
+  template <class V>
+  void checkpoint(V& v) {
+    for (auto& [n, t] : tensors) v.tensor(n, t);
+    for (auto& [n, e] : engines) v.value(n, e);
+    for (auto& [n, x] : values) v.value(n, x);
+  }
+};
+
+int import_checkpoint(const import_args& a, const fs::path& src) {
+  const auto c = find_ranks(tag_folder(src, a.tag));
+  const std::uint32_t T = c.tp, P = c.pp, world = T * P;
+  std::vector<imported> ranks(world);
+  for (std::uint32_t r = 0; r < world; ++r) {
+    from_torch_tree(ckpt::interop::load_torch(c.ranks[r].file), ranks[r]);
+    if (!ranks[r].iteration) ranks[r].iteration = iteration_of_folder(fs::absolute(c.ranks[r].file));
+  }
+  const auto file_of = [&](std::uint32_t r) { return fs::relative(c.ranks[r].file, c.tag_dir).string(); };
+  for (std::uint32_t r = 1; r < world; ++r)
+    if (ranks[r].iteration != ranks[0].iteration)
+      throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": " + file_of(r) + " is at iteration " +
+                                                        std::to_string(ranks[r].iteration.value_or(0)) + ", " + file_of(0) + " at " +
+                                                        std::to_string(ranks[0].iteration.value_or(0)));
+  // Megatron-LM's stages number their layers from 0 each (the global number is the stage's
+  // first layer plus the local one): offsets from the layers each holds.
+  std::vector<std::uint64_t> first_layer(P, 0);
+  if (c.layout == "Megatron-LM" && P > 1)
+    for (std::uint32_t p = 1; p < P; ++p) {
+      std::uint64_t count = 0;
+      for (const auto& [n, t] : ranks[T * (p - 1)].tensors)
+        if (!n.starts_with("optimizer.")) count = std::max(count, layer_of(n).value_or(0) + 1);
+      first_layer[p] = first_layer[p - 1] + count;
+    }
+
+  // Every name, with the ranks that hold it: (rank, index of the tensor in that rank).
+  std::map<std::string, std::vector<std::pair<std::uint32_t, std::size_t>>> holders;
+  std::vector<std::string> order;
+  for (std::uint32_t r = 0; r < world; ++r)
+    for (std::size_t i = 0; i < ranks[r].tensors.size(); ++i) {
+      auto& name = ranks[r].tensors[i].first;
+      if (!name.starts_with("optimizer.")) name = renumber_layer(name, first_layer[r / T]);
+      auto& h = holders[name];
+      if (h.empty()) order.push_back(name);
+      h.emplace_back(r, i);
+    }
+
+  std::vector<rank_save> saves(world);
+  std::vector<std::string> per_rank_tensors;
+  for (const auto& name : order) {
+    const auto& h = holders[name];
+    const auto& [r0, i0] = h.front();
+    const auto& first = ranks[r0].tensors[i0].second;
+    for (const auto& [r, i] : h) {
+      const auto& t = ranks[r].tensors[i].second;
+      if (t.type != first.type)
+        throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is " + std::string(ckpt::to_string(first.type)) +
+                                                          " in " + file_of(r0) + " but " + std::string(ckpt::to_string(t.type)) + " in " + file_of(r));
+    }
+    std::optional<int> dim = megatron_split(name);
+    for (const auto& [pattern, d] : a.splits)
+      if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) dim = d;
+    // The tp ranks of one stage that hold it (a tensor on several stages, like tied word
+    // embeddings, is kept from the first and compared on the others).
+    const std::uint32_t stage = r0 / T;
+    std::vector<std::pair<std::uint32_t, std::size_t>> mine, copies;
+    for (const auto& x : h) (x.first / T == stage ? mine : copies).push_back(x);
+    const bool all_same_shape = std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.shape == first.shape; });
+    const bool all_equal = all_same_shape && std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.data == first.data; });
+    if (T == 1 || mine.size() == 1) dim = -1;
+    if (!dim) {
+      if (all_equal) {
+        dim = -1;
+      } else if (name.starts_with("optimizer.") || name.find("rng") != std::string::npos) {
+        dim = -2;  // per source rank: stacked on a new first dimension
+      } else {
+        throw ckpt::error(ckpt::error_kind::invalid_argument,
+                          c.tag_dir.string() + ": tensor " + name + " differs between " + file_of(h.front().first) + " and the other tp ranks, "
+                          "and its name does not say how Megatron splits it: give --split '" + name + "=DIM' (DIM -1 if it is replicated)");
+      }
+    }
+    if (*dim == -1) {
+      // Replicated: every copy must be the same bytes.
+      for (const auto& [r, i] : h)
+        if (ranks[r].tensors[i].second.shape != first.shape || ranks[r].tensors[i].second.data != first.data)
+          throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is replicated but differs between " +
+                                                            file_of(r0) + " and " + file_of(r) + " (give --split '" + name + "=DIM' if it is split)");
+      // Written once, by the first rank that holds it: a shard that is the whole tensor.
+      saves[r0].tensors.emplace_back(
+          name, ranks[r0].tensors[i0].second.ref().sharded({.global_shape = first.shape, .offset = ckpt::shape_t(first.shape.size(), 0)}));
+      continue;
+    }
+    if (*dim == -2) {
+      if (!all_same_shape || h.size() != world)
+        throw ckpt::error(ckpt::error_kind::invalid_argument, c.tag_dir.string() + ": tensor " + name +
+                                                                  " differs between ranks and is not on every rank with one shape: give --split");
+      per_rank_tensors.push_back(name);
+      ckpt::shape_t global{world};
+      global.insert(global.end(), first.shape.begin(), first.shape.end());
+      for (const auto& [r, i] : h) {
+        ckpt::shape_t off(global.size(), 0);
+        off[0] = r;
+        ckpt::shape_t local{1};
+        local.insert(local.end(), first.shape.begin(), first.shape.end());
+        auto& t = ranks[r].tensors[i].second;
+        saves[r].tensors.emplace_back(name, ckpt::tensor_ref(t.type, local, t.data.data()).sharded({.global_shape = global, .offset = off}));
+      }
+      continue;
+    }
+    // Split along `d` over the tp ranks of its stage, in tp order.
+    const auto d = static_cast<std::size_t>(*dim);
+    if (mine.size() != T)
+      throw ckpt::error(ckpt::error_kind::invalid_argument, c.tag_dir.string() + ": tensor " + name + " is on " + std::to_string(mine.size()) +
+                                                                " of the " + std::to_string(T) + " tp ranks of stage " + std::to_string(stage) +
+                                                                "; a split tensor must be on every one");
+    std::sort(mine.begin(), mine.end());
+    ckpt::shape_t global = first.shape;
+    if (d >= global.size())
+      throw ckpt::error(ckpt::error_kind::invalid_argument, c.tag_dir.string() + ": tensor " + name + " " + ckpt::detail::to_string(first.shape) +
+                                                                " has no dimension " + std::to_string(d) + " to be split along");
+    global[d] = 0;
+    for (const auto& [r, i] : mine) {
+      const auto& sh = ranks[r].tensors[i].second.shape;
+      for (std::size_t k = 0; k < sh.size(); ++k)
+        if (k != d && (sh.size() != first.shape.size() || sh[k] != first.shape[k]))
+          throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is " + ckpt::detail::to_string(first.shape) +
+                                                            " in " + file_of(r0) + " and " + ckpt::detail::to_string(sh) + " in " + file_of(r) +
+                                                            ": shards of a tensor split along dimension " + std::to_string(d) + " differ in another");
+      global[d] += sh[d];
+    }
+    std::uint64_t at = 0;
+    for (const auto& [r, i] : mine) {
+      auto& t = ranks[r].tensors[i].second;
+      ckpt::shape_t off(global.size(), 0);
+      off[d] = at;
+      at += t.shape[d];
+      saves[r].tensors.emplace_back(name, t.ref().sharded({.global_shape = global, .offset = off}));
+    }
+    // Copies on later stages (tied embeddings) must hold the same shards.
+    for (const auto& [r, i] : copies) {
+      const auto& twin = ranks[mine[r % T].first].tensors[mine[r % T].second].second;
+      if (ranks[r].tensors[i].second.data != twin.data)
+        throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " differs between " + file_of(mine[r % T].first) +
+                                                          " and " + file_of(r) + ", which hold the same shard of it");
+    }
+  }
+  // Values: each rank's RNG engines are its own; config entries that all ranks agree on are the
+  // config, the others are saved per rank as their text.
+  ckpt::config config;
+  for (const auto& [k, v] : ranks[0].config.entries()) {
+    bool same = true;
+    for (std::uint32_t r = 1; r < world; ++r) {
+      const auto* o = ranks[r].config.find(k);
+      same = same && o && *o == v;
+    }
+    if (same) config.set(k, ckpt::config_value{v});
+  }
+  for (std::uint32_t r = 0; r < world; ++r) {
+    saves[r].engines = ranks[r].engines;
+    for (const auto& [k, v] : ranks[r].config.entries())
+      if (!config.find(k)) saves[r].values.emplace_back(k, v);
+  }
+  std::optional<ckpt::tensor_ref> logits;
+  if (ranks[0].validation_logits) logits = ranks[0].validation_logits->ref();
+
+  const std::uint64_t iteration = a.iteration.value_or(ranks[0].iteration.value_or(0));
+  auto comm_world = std::make_shared<ckpt::in_process_world>(static_cast<int>(world));
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (std::uint32_t r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix> cp{
+            {.tp = T, .pp = P, .dp = 1, .comm = {comm_world, static_cast<int>(r)}}, ckpt::posix(a.root), {.keep_last_n = 0, .threads = 1}};
+        cp.save(iteration, saves[r], {.config = config, .validation_logits = r == 0 ? logits : std::nullopt, .overwrite = false});
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (std::uint32_t r = 0; r < world; ++r)
+    if (!failures[r].empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: " + failures[r]);
+
+  std::size_t tensors = order.size(), left = 0;
+  for (const auto& x : ranks) left += x.left_out.size();
+  for (const auto& p : ranks[0].left_out) std::fprintf(stderr, "ckpt import: left out %s (in every rank's file)\n", p.c_str());
+  for (const auto& f : c.not_imported) std::fprintf(stderr, "ckpt import: left out %s: ZeRO optimizer partitions are not imported yet\n", f.c_str());
+  for (const auto& n : per_rank_tensors)
+    std::fprintf(stderr, "ckpt import: %s differs between ranks: kept per source rank, stacked on a first dimension of %u\n", n.c_str(), world);
+  (void)left;
+  ckpt::checkpointer<ckpt::single_process, ckpt::posix> done{{}, fs::path(a.root)};
+  std::printf("imported the %s checkpoint %s (tp=%u pp=%u, %u files): %zu tensors, %zu config entries into %s as %s (iteration %" PRIu64 ")\n",
+              c.layout.c_str(), c.tag_dir.string().c_str(), T, P, world, tensors, config.entries().size(), a.root.c_str(),
+              done.latest().value_or("?").c_str(), iteration);
+  return exit_ok;
+}
+
 }  // namespace
 
 int run_import(const import_args& a) {
   const fs::path file = a.file;
+  if (fs::is_directory(file)) return import_checkpoint(a, file);
   if (!fs::is_regular_file(file)) throw ckpt::error(ckpt::error_kind::not_found, "no such file: " + a.file);
   imported what;
   const auto name = file.filename().string();

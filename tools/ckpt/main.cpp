@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
   c_re->add_option("--pp", re.pp, "Pipeline stages of the new layout (default 1)")->check(CLI::Range(1u, 4096u));
   c_re->add_option("--split", splits, "NAME=DIM: split tensors matching the glob NAME along DIM (-1: keep whole)");
   c_re->add_option("--memory", re.memory_bytes, "Bytes of buffers for all ranks together (default 512 MiB)")->check(CLI::Range(std::uint64_t{16} << 20, std::uint64_t{1} << 40));
-  c_re->callback([&] {
-    for (const auto& s : splits) {
+  // NAME=DIM pairs of --split (reshard and import).
+  const auto parse_splits = [](const std::vector<std::string>& given, std::vector<std::pair<std::string, int>>& into) {
+    for (const auto& s : given) {
       const auto eq = s.rfind('=');
       int dim = 0;
       try {
@@ -79,8 +80,11 @@ int main(int argc, char** argv) {
       } catch (const std::exception&) {
         throw CLI::ValidationError("--split", "expected NAME=DIM with DIM >= -1, got '" + s + "'");
       }
-      re.splits.emplace_back(s.substr(0, eq), dim);
+      into.emplace_back(s.substr(0, eq), dim);
     }
+  };
+  c_re->callback([&] {
+    parse_splits(splits, re.splits);
     status = run_reshard(re);
   });
 
@@ -110,12 +114,20 @@ int main(int argc, char** argv) {
   });
 
   import_args im;
-  auto* c_im = app.add_subcommand("import", "Save a PyTorch .pt file or safetensors model as a ckpt checkpoint");
-  c_im->add_option("FILE", im.file, "A .pt/.bin file torch.save wrote, a .safetensors file or a model.safetensors.index.json")->required();
+  std::vector<std::string> im_splits;
+  auto* c_im = app.add_subcommand("import", "Save a PyTorch .pt file, safetensors model or Megatron-LM / GPT-NeoX checkpoint as a ckpt checkpoint");
+  c_im->add_option("SRC", im.file,
+                   "A .pt/.bin file torch.save wrote, a .safetensors file, an index JSON, or a Megatron-LM or GPT-NeoX/DeepSpeed "
+                   "checkpoint: its root (latest_checkpointed_iteration.txt or latest names the tag) or one tag folder")
+      ->required();
   c_im->add_option("ROOT", im.root, "Checkpoint root to save into")->required();
   c_im->add_option("--iteration", im.iteration, "Iteration to record (default: the file's 'iteration', else 0)");
-  c_im->add_option("--tag", im.tag, "Tag to save under (default global_step<iteration>)");
-  c_im->callback([&] { status = run_import(im); });
+  c_im->add_option("--tag", im.tag, "Tag of SRC to import, when SRC is a checkpoint root (default: the one it names as latest)");
+  c_im->add_option("--split", im_splits, "NAME=DIM: tensors matching the glob NAME are split along DIM over the tp ranks (-1: replicated)");
+  c_im->callback([&] {
+    parse_splits(im_splits, im.splits);
+    status = run_import(im);
+  });
 
   try {
     app.parse(argc, argv);

@@ -32,6 +32,7 @@
 #include "blocks.hpp"
 #include "cli.hpp"
 #include "compare.hpp"
+#include "layers.hpp"
 
 namespace ckpt_tool {
 
@@ -127,17 +128,6 @@ struct rank_state {
     for (auto& [name, val] : values) v.value(name, val);
   }
 };
-
-/// The layer number in a name ("...layers.12.attn..." gives 12), if any.
-std::optional<std::uint64_t> layer_of(const std::string& name) {
-  for (std::size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
-    if (at != 0 && name[at - 1] != '.') continue;
-    std::size_t i = at + 7, j = i;
-    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
-    if (j > i && j - i < 10 && (j == name.size() || name[j] == '.')) return std::stoull(name.substr(i, j - i));
-  }
-  return std::nullopt;
-}
 
 struct plan_entry {
   const ckpt::tensor_info* tensor;
