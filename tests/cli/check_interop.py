@@ -498,6 +498,41 @@ def neox_tp2_checkpoint_imports():
 
 
 @case
+def safetensors_export_is_aligned_and_keeps_metadata():
+    # Mixed dtypes, names in an order that would misalign them: every tensor must start at a
+    # multiple of its element size, as safetensors.torch.save_file lays them out; the source's
+    # __metadata__ comes back on export.
+    tensors = {"a_flag": torch.tensor([True, False, True]), "b_f64": torch.arange(3, dtype=torch.float64),
+               "c_i16": torch.arange(5, dtype=torch.int16), "d_f32": torch.ones(7)}
+    header, data = {"__metadata__": {"format": "pt", "source": "hub", "revision": "v1"}}, b""
+    for k, t in tensors.items():
+        raw = t.numpy().tobytes()
+        header[k] = {"dtype": {torch.bool: "BOOL", torch.float64: "F64", torch.int16: "I16", torch.float32: "F32"}[t.dtype],
+                     "shape": list(t.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    src = os.path.join(tmp, "mixed.safetensors")
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+    root = os.path.join(tmp, "from_mixed")
+    run("import", src, root)
+    out = os.path.join(tmp, "mixed_back.safetensors")
+    run("export", root, out, "--format", "safetensors")
+    with open(out, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        back = json.loads(f.read(n))
+    check(back["__metadata__"].get("source") == "hub" and back["__metadata__"].get("revision") == "v1", back["__metadata__"])
+    check((8 + n) % 8 == 0, f"data starts at {8 + n}")
+    size = {"BOOL": 1, "F64": 8, "I16": 2, "F32": 4}
+    for k, e in back.items():
+        if k != "__metadata__":
+            check(e["data_offsets"][0] % size[e["dtype"]] == 0, f"{k} ({e['dtype']}) starts at {e['data_offsets'][0]}")
+    tensors_back, _ = read_safetensors(out)
+    for k, t in tensors.items():
+        check(torch.equal(tensors_back[k], t), f"{k} differs")
+
+
+@case
 def hostile_pickle_is_refused():
     marker = os.path.join(tmp, "pwned")
 

@@ -601,6 +601,21 @@ TEST_CASE("safetensors index reader refuses inconsistent sets") {
   CHECK(test::catch_error([&] { st::safetensors_index i(d / "absent.json"); }).kind() == error_kind::not_found);
 }
 
+TEST_CASE("safetensors reader agrees with the reference on leading whitespace, null metadata, unknown keys and empty huge shapes") {
+  test::temp_dir dir;
+  const auto path = dir.path() / "ref.safetensors";
+  // test_whitespace_leading_padded_header; "__metadata__": null; an unknown key in an entry;
+  // [2^62, 0] holds no element, so it needs no bytes (the reference counts elements first).
+  const std::string header = "  \n\t{\"__metadata__\": null, \"w\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 0], "
+                             "\"data_offsets\": [0, 0], \"note\": \"x\"}, \"v\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}";
+  write_all(path, raw_file(header, "z"));
+  st::safetensors_file f(path);
+  REQUIRE(f.tensors().size() == 2);
+  CHECK(f.metadata().empty());
+  CHECK(f.read("w").data.empty());
+  CHECK(f.read("v").data.size() == 1);
+}
+
 TEST_CASE("safetensors reader accepts other writers' valid layouts") {
   test::temp_dir dir;
   const auto path = dir.path() / "other.safetensors";
@@ -658,10 +673,16 @@ TEST_CASE("safetensors reader refuses hostile files, naming the problem") {
   SUBCASE("JSON that is not an object") {
     expect_corrupt(dir, raw_file("[1, 2]", ""), {"header is not a JSON object", "'['"});
     expect_corrupt(dir, raw_file("\"text\"", ""), {"header is not a JSON object"});
-    expect_corrupt(dir, raw_file(" {}", ""), {"header is not a JSON object", "byte 0x20"});  // must start with '{'
+    expect_corrupt(dir, raw_file(" x{}", ""), {"header is not a JSON object", "'x'"});  // whitespace may lead, not text
     expect_corrupt(dir, raw_file("\xef\xbb\xbf{}", ""), {"header is not a JSON object", "byte 0xef"});  // a BOM
   }
   SUBCASE("not UTF-8") { expect_corrupt(dir, raw_file("{\"\xff\":1}", ""), {"header is not valid UTF-8"}); }
+  SUBCASE("a NUL byte in the header: padding, or a second format's payload after it") {
+    expect_corrupt(dir, raw_file("{" + entry_a + "}" + std::string(8, '\0'), eight), {"header holds a NUL byte at byte"});
+    expect_corrupt(dir, raw_file("{" + entry_a + "}" + std::string(1, '\0') + "<html>payload</html>", eight),
+                   {"holds a NUL byte"});
+    expect_corrupt(dir, raw_file(std::string("{\"a\0\":1}", 8), ""), {"holds a NUL byte at byte 3"});
+  }
   SUBCASE("a lone surrogate escape in a name") {
     expect_corrupt(dir, raw_file(R"({"\udc00":{"dtype":"U8","shape":[],"data_offsets":[0,1]}})", "x"),
                    {"is not valid UTF-8"});

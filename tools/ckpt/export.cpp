@@ -194,10 +194,19 @@ int run_export(const export_args& a) {
   progress_bar bar("export", total);
   std::size_t files = 1;
   if (a.format == "safetensors") {
-    ckpt::interop::safetensors_metadata meta{{"format", "pt"}, {"ckpt_tag", info.tag}, {"ckpt_iteration", std::to_string(info.iteration)}};
+    // The config goes along as metadata (a safetensors file imported earlier gets its
+    // __metadata__ back), then what identifies the export.
+    ckpt::interop::safetensors_metadata meta(info.config.entries().begin(), info.config.entries().end());
+    meta["format"] = "pt";
+    meta["ckpt_tag"] = info.tag;
+    meta["ckpt_iteration"] = std::to_string(info.iteration);
     if (single_file) {
-      ckpt::interop::safetensors_writer w(out, decls, meta);
-      stream_tensors(r, decls, a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
+      // The reference implementation's order: by alignment, so every tensor's bytes start at a
+      // multiple of its element size (an f64 after a bool would not).
+      auto ordered = decls;
+      ckpt::interop::sort_by_alignment(ordered);
+      ckpt::interop::safetensors_writer w(out, ordered, meta);
+      stream_tensors(r, ordered, a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
       w.finish();
     } else {
       fs::create_directories(out);

@@ -837,6 +837,13 @@ inline std::string rj_error_text(rj::ParseErrorCode code) {
 inline void st_parse_object(rj::Document& doc, std::string_view text, const std::string& file, std::string_view what) {
   if (!ckpt::detail::valid_utf8(text))
     throw error(error_kind::corrupt, file + ": " + std::string(what) + " is not valid UTF-8");
+  // JSON text has no NUL byte; rapidjson stops reading at one, so anything after it (padding,
+  // or a payload: a file that is two formats at once) would pass unchecked.
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    throw error(error_kind::corrupt, file + ": " + std::string(what) + " holds a NUL byte at byte " + std::to_string(nul) +
+                                         ": JSON text has none, and nothing after one would be checked");
+  // Leading JSON whitespace is allowed, as the reference implementation allows it.
+  text.remove_prefix(std::min(text.find_first_not_of(" \t\n\r"), text.size()));
   if (text.empty() || text.front() != '{') {
     // The first byte may begin a multi-byte character: show it as hex unless it is plain ASCII.
     static constexpr char hex[] = "0123456789abcdef";
@@ -1045,6 +1052,7 @@ class safetensors_file {
       if (key == "__metadata__") {
         if (have_metadata) throw fail("'__metadata__' appears twice in the header");
         have_metadata = true;
+        if (m->value.IsNull()) continue;  // no metadata, as the reference reads it
         if (!m->value.IsObject()) throw fail("'__metadata__' is not an object of strings");
         for (const auto* e : detail::members(m->value)) {
           std::string k = detail::rj_string(e->name, path_, "metadata key");
@@ -1120,8 +1128,10 @@ class safetensors_file {
     if (const auto d = dtype_from_safetensors(dname)) {
       t.type = *d;
     } else {
-      static constexpr std::string_view other_known[] = {"U16", "U32",     "U64",     "F8_E4M3", "F8_E5M2", "F8_E8M0",
-                                                         "F4",  "F6_E2M3", "F6_E3M2", "C64",     "C128"};
+      // The reference implementation's other dtypes (it has no C128).
+      static constexpr std::string_view other_known[] = {"U16",     "U32",         "U64",         "F8_E4M3", "F8_E5M2",
+                                                         "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",      "F6_E2M3",
+                                                         "F6_E3M2", "C64"};
       if (std::find(std::begin(other_known), std::end(other_known), dname) != std::end(other_known))
         throw error(error_kind::mismatch, path_ + ": " + who + ": dtype " + detail::printable(dname) +
                                               " is valid safetensors but has no ckpt dtype");
@@ -1140,9 +1150,12 @@ class safetensors_file {
     t.end = (*offsets)[1].GetUint64();
     if (t.end < t.begin)
       throw fail("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
+    // Elements first, as the reference counts them: a zero dimension makes any shape empty.
     std::uint64_t bytes = size_of(t.type);
+    if (std::find(t.shape.begin(), t.shape.end(), std::uint64_t{0}) != t.shape.end()) bytes = 0;
     for (auto d : t.shape) {
-      if (d != 0 && bytes > std::numeric_limits<std::uint64_t>::max() / d)
+      if (bytes == 0) break;
+      if (bytes > std::numeric_limits<std::uint64_t>::max() / d)
         throw fail("shape " + detail::shape_text(t.shape) + " of " + dname + " overflows 64 bits of bytes");
       bytes *= d;
     }
