@@ -383,6 +383,29 @@ TEST_CASE("pickle: every py_object kind round-trips") {
   CHECK(back.at("many").size() == 2345);
 }
 
+TEST_CASE("pickle: the classes of plain data round-trip with their classes") {
+  using ckpt::interop::py_class;
+  const auto ns = py_object::dict({{"lr", 0.5}, {"name", "x"}}).with_class(py_class::argparse_namespace);
+  const auto array = py_object::tuple({py_object("<u4").with_class(py_class::numpy_dtype), py_object::tuple({2}),
+                                       py_object::bytes(raw("\x01\x00\x00\x00\xff\xff\xff\xff"))})
+                         .with_class(py_class::numpy_array);
+  const auto tree = py_object::dict({{"args", ns},
+                                     {"names", py_object::list({"a", "b"}).with_class(py_class::set)},
+                                     {"frozen", py_object::list({1}).with_class(py_class::frozenset)},
+                                     {"shape", py_object::tuple({3, 4}).with_class(py_class::torch_size)},
+                                     {"dtype", py_object("bfloat16").with_class(py_class::torch_dtype)},
+                                     {"np", py_object::tuple({"MT19937", array, 624, 0, 0.0})}});
+  const auto back = ckpt::interop::unpickle(ckpt::interop::pickle(tree), "round.pkl");
+  CHECK(back == tree);
+  CHECK(back.at("args").python_class() == py_class::argparse_namespace);
+  CHECK(back.at("names").python_class() == py_class::set);
+  CHECK(back.at("frozen").python_class() == py_class::frozenset);
+  CHECK(back.at("shape").python_class() == py_class::torch_size);
+  CHECK(back.at("dtype").python_class() == py_class::torch_dtype);
+  CHECK(back.at("np").items()[1].python_class() == py_class::numpy_array);
+  CHECK(back.at("np").items()[1].items()[0].python_class() == py_class::numpy_dtype);
+}
+
 TEST_CASE("unpickle: equal dict keys merge as in Python, keeping the first key and position") {
   std::string one;
   for (int i = 0; i < 8; ++i) one += static_cast<char>(i == 0 ? 0x3f : i == 1 ? 0xf0 : 0);  // 1.0, big-endian

@@ -8,7 +8,14 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/interop/safetensors.hpp>
@@ -18,6 +25,7 @@
 #include "blocks.hpp"
 #include "cli.hpp"
 #include "convert.hpp"
+#include "layers.hpp"
 
 namespace ckpt_tool {
 
@@ -131,6 +139,203 @@ void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::i
                             {"ckpt_tag", info.tag}}));
 }
 
+// ----- --layout megatron into a folder: one model_optim_rng.pt per tp/pp rank ----------------
+// What Megatron-LM's load_checkpoint reads (megatron/training/checkpointing.py, read): the
+// tracker file, iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt holding args (an
+// argparse.Namespace), checkpoint_version, iteration, model (the rank's shards, its stage's
+// layers numbered from 0), optimizer, and rng_state[0] with Python's, numpy's and torch's states.
+
+/// The rank (t, p) a ckpt shard file belongs to: mp_rank_TT[_PPP]/...
+std::pair<std::uint32_t, std::uint32_t> rank_of_file(const std::string& path) {
+  static const std::regex re(R"(^mp_rank_(\d+)(?:_(\d+))?/)");
+  std::smatch m;
+  if (!std::regex_search(path, m, re)) throw ckpt::error(ckpt::error_kind::corrupt, "export: shard file " + path + " is not mp_rank_TT[_PPP]/...");
+  return {static_cast<std::uint32_t>(std::stoul(m[1])), m[2].matched ? static_cast<std::uint32_t>(std::stoul(m[2])) : 0u};
+}
+
+/// A std::mt19937 saved as a value, as Python's random.getstate() or numpy's get_state().
+ckpt::interop::py_object python_rng_state(const std::mt19937& e, const ckpt::config& config, const std::string& name) {
+  using ckpt::interop::py_object;
+  std::ostringstream text;
+  text << e;  // libstdc++: the 624 words, then the position
+  std::istringstream in(text.str());
+  std::vector<std::uint64_t> words(624);
+  std::uint64_t pos = 0;
+  for (auto& w : words) in >> w;
+  in >> pos;
+  if (!in) throw ckpt::error(ckpt::error_kind::invalid_argument, "export: value " + name + " is not an MT19937 state in libstdc++'s text form");
+  if (const auto* gauss = config.find(name + ".has_gauss")) {
+    // numpy: ('MT19937', uint32 array of 624, position, has_gauss, cached_gaussian)
+    std::string raw(624 * 4, '\0');
+    for (std::size_t i = 0; i < 624; ++i) {
+      const auto w = static_cast<std::uint32_t>(words[i]);
+      std::memcpy(raw.data() + 4 * i, &w, 4);
+    }
+    const auto* cached = config.find(name + ".cached_gaussian");
+    auto key = py_object::tuple({py_object("<u4").with_class(ckpt::interop::py_class::numpy_dtype), py_object::tuple({624}), py_object::bytes(raw)})
+                   .with_class(ckpt::interop::py_class::numpy_array);
+    return py_object::tuple({"MT19937", std::move(key), static_cast<std::int64_t>(pos), static_cast<std::int64_t>(std::stoll(*gauss)),
+                             cached ? std::stod(*cached) : 0.0});
+  }
+  py_object::list_type state;
+  for (const auto w : words) state.push_back(static_cast<std::int64_t>(w));
+  state.push_back(static_cast<std::int64_t>(pos));
+  return py_object::tuple({3, py_object::tuple(std::move(state)), py_object()});
+}
+
+/// Sets `value` at the dotted `path` under `root` (a dict), making dicts on the way; a number
+/// under "rng_state" is a list index, as Megatron's rng_state is a list.
+void put_path(ckpt::interop::py_object& root, const std::string& path, ckpt::interop::py_object value) {
+  using ckpt::interop::py_object;
+  py_object* at = &root;
+  std::size_t from = 0;
+  while (true) {
+    const auto dot = path.find('.', from);
+    const std::string key = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+    if (dot == std::string::npos) {
+      at->set(key, std::move(value));
+      return;
+    }
+    if (!at->contains(key)) at->set(key, py_object::dict());
+    at = const_cast<py_object*>(&at->at(key));
+    from = dot + 1;
+  }
+}
+
+/// Megatron's rng_state is a list of one dict per data-parallel rank: {"0": {...}} -> [{...}].
+ckpt::interop::py_object as_rng_list(ckpt::interop::py_object d) {
+  using ckpt::interop::py_object;
+  if (!d.is_dict()) return d;
+  py_object::list_type items;
+  for (std::size_t i = 0;; ++i) {
+    const py_object* v = d.find(std::to_string(i));
+    if (!v) break;
+    items.push_back(*v);
+  }
+  return items.size() == d.size() ? py_object::list(std::move(items)) : d;
+}
+
+std::size_t export_megatron_folder(ckpt::reader<>& r, const export_args& a, progress_bar& bar) {
+  using ckpt::interop::py_object;
+  const auto& info = r.info();
+  const std::uint32_t T = std::max(info.topology.tp, 1u), P = std::max(info.topology.pp, 1u);
+  std::set<std::string> per_rank;
+  if (const auto* l = info.config.find("ckpt_import.per_rank_tensors")) {
+    std::istringstream in(*l);
+    for (std::string n; std::getline(in, n);) per_rank.insert(n);
+  }
+  // Where each tensor lives: per rank (t, p), the box of its chunks in that rank's file.
+  struct box {
+    ckpt::shape_t lo, hi;
+  };
+  std::map<std::pair<std::string, std::uint32_t>, box> boxes;  // (tensor, rank) -> box
+  std::map<std::string, std::uint32_t> stage_of;                // the stage of a tensor's first writer
+  for (const auto& t : info.tensors) {
+    if (t.name.starts_with("__ckpt")) continue;
+    for (const auto& c : r.chunks(t.name)) {
+      const auto [tp, pp] = rank_of_file(c.file);
+      const std::uint32_t rank = tp + T * pp;
+      auto [it, fresh] = boxes.try_emplace({t.name, rank}, box{c.offset, c.offset});
+      for (std::size_t d = 0; d < c.offset.size(); ++d) {
+        it->second.lo[d] = std::min(it->second.lo[d], c.offset[d]);
+        it->second.hi[d] = std::max(fresh ? c.offset[d] + c.shape[d] : it->second.hi[d], c.offset[d] + c.shape[d]);
+      }
+      stage_of.try_emplace(t.name, pp);
+    }
+  }
+  // A tensor written whole by one rank (replicated over its stage): every rank of the stage has it.
+  std::set<std::string> whole;
+  for (const auto& [key, b] : boxes) {
+    const auto* t = r.find(key.first);
+    if (b.lo == ckpt::shape_t(b.lo.size(), 0) && b.hi == t->shape) whole.insert(key.first);
+  }
+  // Layers of each stage, to number them from 0 again.
+  std::vector<std::uint64_t> first_layer(P, std::numeric_limits<std::uint64_t>::max());
+  for (const auto& [key, b] : boxes)
+    if (const auto L = layer_of(key.first); L && !key.first.starts_with("optimizer."))
+      first_layer[key.second / T] = std::min(first_layer[key.second / T], *L);
+  // Config: the run's args; ckpt's own entries, and those of the RNG states, stay out.
+  auto args = py_object::dict();
+  for (const auto& [key, text] : info.config.entries())
+    if (!key.starts_with("ckpt_import.") && !key.ends_with(".has_gauss") && !key.ends_with(".cached_gaussian"))
+      args.set(key, python_value(text));
+  const fs::path root = a.out;
+  char tag[32];
+  std::snprintf(tag, sizeof tag, "iter_%07llu", static_cast<unsigned long long>(info.iteration));
+  std::uint64_t done = 0;
+  std::vector<std::byte> block;
+  for (std::uint32_t p = 0; p < P; ++p)
+    for (std::uint32_t t = 0; t < T; ++t) {
+      const std::uint32_t rank = t + T * p;
+      char folder[32];
+      std::snprintf(folder, sizeof folder, P > 1 ? "mp_rank_%02u_%03u" : "mp_rank_%02u", t, p);
+      const fs::path dir = root / tag / folder;
+      fs::create_directories(dir);
+      ckpt::interop::torch_writer w(dir / "model_optim_rng.pt", {.archive_name = "model_optim_rng", .zip = {}});
+      auto model = py_object::ordered_dict(), optimizer = py_object::dict(), extra = py_object::dict();
+      for (const auto& ti : info.tensors) {
+        if (ti.name.starts_with("__ckpt")) continue;
+        if (!a.optimizer && ti.name.starts_with("optimizer.")) continue;
+        ckpt::shape_t lo(ti.shape.size(), 0), hi = ti.shape;
+        if (auto it = boxes.find({ti.name, rank}); it != boxes.end()) {
+          lo = it->second.lo;
+          hi = it->second.hi;
+        } else if (whole.count(ti.name) && stage_of[ti.name] == p && !per_rank.count(ti.name)) {
+          // written once, whole: every rank of its stage holds it
+        } else {
+          continue;  // not this rank's
+        }
+        ckpt::shape_t shape(lo.size());
+        for (std::size_t d = 0; d < lo.size(); ++d) shape[d] = hi[d] - lo[d];
+        const bool row = per_rank.count(ti.name) > 0;  // [1, ...] at [rank, ...]: the rank's own, without the first dimension
+        ckpt::shape_t out_shape = row ? ckpt::shape_t(shape.begin() + 1, shape.end()) : shape;
+        py_object node = w.begin_tensor(ti.type, out_shape);
+        block.resize(ckpt::detail::element_count(shape, ti.name) * ckpt::size_of(ti.type));
+        r.read(ti.name, ckpt::tensor_ref(ti.type, shape, block.data()).sharded({.global_shape = ti.shape, .offset = lo}));
+        w.write(block);
+        w.end_tensor();
+        done += block.size();
+        bar.update(done);
+        const std::string local = ti.name.starts_with("optimizer.") || first_layer[p] == std::numeric_limits<std::uint64_t>::max()
+                                      ? ti.name
+                                      : renumber_layer_down(ti.name, first_layer[p]);
+        if (ti.name.starts_with("optimizer."))
+          optimizer.set(ti.name.substr(10), node);
+        else if (ti.name.starts_with("rng_state."))
+          put_path(extra, ti.name, node);
+        else
+          model.set(local, node);
+      }
+      for (const auto& v : info.values) {
+        if (v.rank != rank) continue;
+        std::mt19937 e;
+        const auto bytes = r.value_bytes(v.name, rank);
+        try {
+          ckpt::detail::decode_value(std::span<const std::byte>(bytes), e, v.name);
+        } catch (const ckpt::error&) {
+          continue;  // not an RNG engine (a per-rank config entry): Megatron has no place for it
+        }
+        put_path(extra, v.name, python_rng_state(e, info.config, v.name));
+      }
+      auto top = py_object::dict({{"args", py_object(args).with_class(ckpt::interop::py_class::argparse_namespace)},
+                                  {"checkpoint_version", 3.0},
+                                  {"iteration", static_cast<std::int64_t>(info.iteration)},
+                                  {"model", model},
+                                  {"optimizer", optimizer}});
+      for (auto& [k, v] : extra.entries()) top.set(k, k.as_str() == "rng_state" ? as_rng_list(v) : v);
+      w.finish(top);
+    }
+  // The tracker file last, through a temporary name: a reader never sees a half-written one.
+  const auto tracker = root / "latest_checkpointed_iteration.txt", temp = root / "latest_checkpointed_iteration.txt.tmp";
+  {
+    std::ofstream f(temp);
+    f << info.iteration;
+    if (!f) throw ckpt::error(ckpt::error_kind::io, "cannot write " + temp.string());
+  }
+  fs::rename(temp, tracker);
+  return static_cast<std::size_t>(T) * P;
+}
+
 }  // namespace
 
 /// `ckpt export --format torch`: one .pt file, or Hugging Face's pytorch_model-XXXXX-of-YYYYY.bin
@@ -215,6 +420,8 @@ int run_export(const export_args& a) {
       w.finish();
       files = w.shards().size();
     }
+  } else if (a.layout == "megatron" && !single_file) {
+    files = export_megatron_folder(r, a, bar);
   } else {
     files = export_torch(r, decls, a, single_file, bar);
   }

@@ -502,8 +502,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
                                                           " in " + file_of(r0) + " but " + std::string(ckpt::to_string(t.type)) + " in " + file_of(r));
     }
     std::optional<int> dim = megatron_split(name);
+    bool told = false;  // --split named it
     for (const auto& [pattern, d] : a.splits)
-      if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) dim = d;
+      if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) {
+        dim = d;
+        told = true;
+      }
     // The tp ranks of one stage that hold it (a tensor on several stages, like tied word
     // embeddings, is kept from the first and compared on the others).
     const std::uint32_t stage = r0 / T;
@@ -512,6 +516,8 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     const bool all_same_shape = std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.shape == first.shape; });
     const bool all_equal = all_same_shape && std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.data == first.data; });
     if (T == 1 || mine.size() == 1) dim = -1;
+    // An RNG state on every rank is each rank's own, even where two happen to be equal.
+    if (!told && name.find("rng") != std::string::npos && h.size() == world && world > 1 && all_same_shape) dim = -2;
     if (!dim) {
       if (all_equal) {
         dim = -1;
@@ -606,6 +612,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   }
   std::optional<ckpt::tensor_ref> logits;
   if (ranks[0].validation_logits) logits = ranks[0].validation_logits->ref();
+  // What `ckpt export --layout megatron` needs to give each rank its row back.
+  if (!per_rank_tensors.empty()) {
+    std::string list;
+    for (const auto& n : per_rank_tensors) list += (list.empty() ? "" : "\n") + n;
+    config.set("ckpt_import.per_rank_tensors", list);
+  }
 
   const std::uint64_t iteration = a.iteration.value_or(ranks[0].iteration.value_or(0));
   auto comm_world = std::make_shared<ckpt::in_process_world>(static_cast<int>(world));
@@ -630,7 +642,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   for (const auto& p : ranks[0].left_out) std::fprintf(stderr, "ckpt import: left out %s (in every rank's file)\n", p.c_str());
   for (const auto& f : c.not_imported) std::fprintf(stderr, "ckpt import: left out %s: ZeRO optimizer partitions are not imported yet\n", f.c_str());
   for (const auto& n : per_rank_tensors)
-    std::fprintf(stderr, "ckpt import: %s differs between ranks: kept per source rank, stacked on a first dimension of %u\n", n.c_str(), world);
+    std::fprintf(stderr, "ckpt import: %s is each rank's own: kept per source rank, stacked on a first dimension of %u\n", n.c_str(), world);
   (void)left;
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> done{{}, fs::path(a.root)};
   std::printf("imported the %s checkpoint %s (tp=%u pp=%u, %u files): %zu tensors, %zu config entries into %s as %s (iteration %" PRIu64 ")\n",

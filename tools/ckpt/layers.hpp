@@ -33,4 +33,18 @@ inline std::string renumber_layer(const std::string& name, std::uint64_t first) 
   return name;
 }
 
+/// The name with its layer number moved down by `first` (back to a stage's own numbering).
+inline std::string renumber_layer_down(const std::string& name, std::uint64_t first) {
+  const auto L = layer_of(name);
+  if (!L || *L < first || first == 0) return name;
+  for (std::size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
+    if (at != 0 && name[at - 1] != '.') continue;
+    std::size_t i = at + 7, j = i;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+    if (j > i && j - i < 10 && (j == name.size() || name[j] == '.'))
+      return name.substr(0, i) + std::to_string(std::stoull(name.substr(i, j - i)) - first) + name.substr(j);
+  }
+  return name;
+}
+
 }  // namespace ckpt_tool

@@ -178,10 +178,96 @@ class pickler {
     }
   }
 
+  /// The classes of plain data, written as CPython's protocol-2 pickler writes them (the
+  /// unpickler reads them back): argparse.Namespace, sets, torch.Size, torch dtypes, numpy
+  /// arrays and dtypes. Returns false for a value of a builtin class.
+  bool save_class(const py_object& o, std::size_t depth, std::string& path) {
+    switch (o.python_class()) {
+      case py_class::argparse_namespace: {
+        if (!o.is_dict()) return false;
+        global("argparse", "Namespace");
+        put(op::EMPTY_TUPLE);
+        put(op::NEWOBJ);
+        memoize();
+        save(py_object(o).with_class(py_class::builtin), depth + 1, path);  // its __dict__
+        put(op::BUILD);
+        return true;
+      }
+      case py_class::set: case py_class::frozenset: {
+        if (!o.is_list()) return false;
+        global("__builtin__", o.python_class() == py_class::set ? "set" : "frozenset");
+        save(py_object(o).with_class(py_class::builtin), depth + 1, path);
+        put(op::TUPLE1);
+        put(op::REDUCE);
+        memoize();
+        return true;
+      }
+      case py_class::torch_size: {
+        if (!o.is_tuple()) return false;
+        global("torch", "Size");
+        save(py_object(o).with_class(py_class::builtin), depth + 1, path);
+        put(op::TUPLE1);
+        put(op::REDUCE);
+        memoize();
+        return true;
+      }
+      case py_class::torch_dtype: {
+        if (!o.is_str()) return false;
+        global("torch", o.as_str());
+        return true;
+      }
+      case py_class::numpy_dtype: {
+        if (!o.is_str() || o.as_str().size() < 3) return false;
+        const std::string& d = o.as_str();  // "<u4": byte order, then the type code
+        global("numpy", "dtype");
+        str(d.substr(1), path);
+        put(op::NEWFALSE);
+        put(op::NEWTRUE);
+        put(op::TUPLE3);
+        put(op::REDUCE);
+        memoize();
+        put(op::MARK);
+        integer(3);
+        str(d.substr(0, 1), path);
+        put(op::NONE);
+        put(op::NONE);
+        put(op::NONE);
+        integer(-1);
+        integer(-1);
+        integer(0);
+        put(op::TUPLE);
+        put(op::BUILD);
+        return true;
+      }
+      case py_class::numpy_array: {
+        if (!o.is_tuple() || o.size() != 3) return false;
+        global("numpy.core.multiarray", "_reconstruct");
+        global("numpy", "ndarray");
+        integer(0);
+        put(op::TUPLE1);
+        save(py_object::bytes(std::string_view("b")), depth + 1, path);
+        put(op::TUPLE3);
+        put(op::REDUCE);
+        memoize();
+        put(op::MARK);
+        integer(1);
+        save(o.items()[1], depth + 1, path);  // the shape
+        save(o.items()[0], depth + 1, path);  // the dtype
+        put(op::NEWFALSE);                    // C order
+        save(o.items()[2], depth + 1, path);  // the bytes
+        put(op::TUPLE);
+        put(op::BUILD);
+        return true;
+      }
+      default: return false;
+    }
+  }
+
   void save(const py_object& o, std::size_t depth, std::string& path) {
     if (depth > max_depth)
       throw error(error_kind::invalid_argument, "pickle: " + path_or_root(path) + ": nesting deeper than " +
                                                     std::to_string(max_depth) + " levels");
+    if (o.python_class() != py_class::builtin && o.python_class() != py_class::ordered_dict && save_class(o, depth, path)) return;
     const std::size_t mark = path.size();
     switch (o.kind()) {
       case py_kind::none: put(op::NONE); return;
