@@ -664,10 +664,13 @@ class basic_nccl {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto pause = std::chrono::microseconds{100};
+    // A peer's failure ends a wait only once it has lasted a little: a call whose bytes have
+    // arrived may still be copying them out, and must not be aborted for a failure after it.
+    const auto grace = std::min<std::chrono::milliseconds>(std::chrono::milliseconds{100}, s.options.timeout);
     for (;;) {
       // What has finished has finished: a peer's failure is met at the next wait.
       if (done()) return;
-      if (s.peers && s.peers->failed) {
+      if (s.peers && s.peers->failed && clock::now() - start > grace) {
         std::string why;
         {
           std::lock_guard lock(s.peers->mu);
