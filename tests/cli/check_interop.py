@@ -507,11 +507,20 @@ def neox_tp2_checkpoint_imports():
     src = os.path.join(tmp, "neox_tp2")
     tag = os.path.join(src, "global_step300")
     os.makedirs(tag)
+    neox_args = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "max_position_embeddings": 64,
+                 "make_vocab_size_divisible_by": 8, "padded_vocab_size": 16, "tokenizer_type": "HFTokenizer", "model_parallel_size": 2}
+    logits = torch.randn(2, 16)
     for t in range(2):
         module = collections.OrderedDict((n, shard(x, d, t, 2)) for n, (x, d) in whole.items())
-        torch.save({"module": module, "optimizer": None, "global_steps": 300, "iteration": 300, "sparse_tensor_module_names": set(),
+        random.seed(40 + t)
+        torch.save({"module": module, "optimizer": None, "global_steps": 300, "skipped_steps": 2, "global_samples": 9600, "iteration": 300,
+                    "sparse_tensor_module_names": set(), "mp_world_size": 2, "dp_world_size": 1,
                     "param_shapes": [collections.OrderedDict((n, v.shape) for n, v in module.items())], "ds_version": "0.16.5",
-                    "args": {"num_layers": 1, "hidden_size": 8, "model_parallel_size": 2}},
+                    "args": neox_args, "random_rng_state": random.getstate(),
+                    "np_rng_state": numpy.random.RandomState(50 + t).get_state(), "torch_rng_state": torch.get_rng_state(),
+                    "cuda_rng_state": torch.full((16,), t, dtype=torch.uint8),
+                    "rng_tracker_states": {"model-parallel-rng": torch.full((16,), 9 + t, dtype=torch.uint8)},
+                    "checkpoint_validation_logits": logits},
                    os.path.join(tag, f"mp_rank_{t:02d}_model_states.pt"))
         torch.save({"optimizer_state_dict": {"zero_stage": 1}}, os.path.join(tag, f"zero_pp_rank_0_mp_rank_{t:02d}_optim_states.pt"))
     with open(os.path.join(src, "latest"), "w") as f:
@@ -525,6 +534,36 @@ def neox_tp2_checkpoint_imports():
     sd = torch.load(out)
     for n, (x, _) in whole.items():
         check(n in sd and torch.equal(sd[n], x), f"{n} is not the global tensor")
+    # And back, as GPT-NeoX's load_checkpoint (through DeepSpeed's) reads it.
+    back = os.path.join(tmp, "neox_back")
+    run("export", root, back, "--format", "torch", "--layout", "deepspeed")
+    with open(os.path.join(back, "latest")) as f:
+        check(f.read().strip() == "global_step300", "latest")
+    for t in range(2):
+        rel = os.path.join("global_step300", f"mp_rank_{t:02d}_model_states.pt")
+        want, got = torch.load(os.path.join(src, rel)), torch.load(os.path.join(back, rel))
+        check(sorted(got["module"]) == sorted(want["module"]), f"{rel}: module keys")
+        for k, v in want["module"].items():
+            check(torch.equal(got["module"][k], v), f"{rel}: {k} differs")
+        check(got["iteration"] == 300 and got["global_steps"] == 300 and got["skipped_steps"] == 2 and got["mp_world_size"] == 2,
+              f"{rel}: counters")
+        for k in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "make_vocab_size_divisible_by",
+                  "padded_vocab_size", "tokenizer_type", "model_parallel_size"):  # what check_checkpoint_args compares
+            check(got["args"].get(k) == want["args"][k], f"{rel}: args[{k!r}] {got['args'].get(k)!r}")
+        check(got["random_rng_state"] == want["random_rng_state"], f"{rel}: random_rng_state")
+        check(numpy.array_equal(got["np_rng_state"][1], want["np_rng_state"][1]) and got["np_rng_state"][2:] == want["np_rng_state"][2:],
+              f"{rel}: np_rng_state")
+        for k in ("torch_rng_state", "cuda_rng_state"):
+            check(torch.equal(got[k], want[k]), f"{rel}: {k}")
+        check(torch.equal(got["rng_tracker_states"]["model-parallel-rng"], want["rng_tracker_states"]["model-parallel-rng"]), f"{rel}: tracker")
+        check(isinstance(got["sparse_tensor_module_names"], set) and [tuple(s) for s in got["param_shapes"][0].values()] ==
+              [tuple(s) for s in [want["param_shapes"][0][k] for k in got["param_shapes"][0]]], f"{rel}: DeepSpeed's bookkeeping")
+        check("checkpoint_validation_logits" not in got, f"{rel}: validation logits are not exported yet")
+    again = os.path.join(tmp, "from_neox_back")
+    run("import", back, again)
+    p = run("diff", root, again, expect="nonzero")  # everything but the validation logits, which are not exported yet
+    lines = [l for l in p.stdout.splitlines()[2:] if l.strip() and not l.startswith("TENSOR") and not l.rstrip().endswith(" equal")]
+    check(lines == ["only in A: tensor __ckpt.validation_logits", "DIFFERENT"], lines)
 
 
 @case

@@ -41,8 +41,8 @@ std::vector<ckpt::interop::tensor_decl> exported(const ckpt::checkpoint_info& in
     if (!a.optimizer && (t.name == optimizer || t.name.starts_with(optimizer + "."))) continue;
     out.push_back({t.name, a.dtype && ckpt::is_floating(t.type) ? *a.dtype : t.type, t.shape});
   }
-  if (a.layout == "megatron" && a.format != "torch")
-    throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout megatron is a .pt layout: use it with --format torch");
+  if ((a.layout == "megatron" || a.layout == "deepspeed") && a.format != "torch")
+    throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout " + a.layout + " is a .pt layout: use it with --format torch");
   return out;
 }
 
@@ -215,10 +215,25 @@ ckpt::interop::py_object as_rng_list(ckpt::interop::py_object d) {
   return items.size() == d.size() ? py_object::list(std::move(items)) : d;
 }
 
-std::size_t export_megatron_folder(ckpt::reader<>& r, const export_args& a, progress_bar& bar) {
+/// The RNG states GPT-NeoX keeps at the top of its client state (and Megatron-LM in rng_state).
+bool is_rng_name(const std::string& n) {
+  for (const std::string_view k : {"random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state", "rng_tracker_states"})
+    if (n == k || n.starts_with(std::string(k) + ".")) return true;
+  return n.starts_with("rng_state.");
+}
+/// DeepSpeed's own entries of a model-states file (deepspeed/runtime/engine.py _save_checkpoint,
+/// read): on import they became config entries; on export they go back to the top.
+constexpr std::string_view deepspeed_keys[] = {"skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
+                                               "ds_version"};
+
+std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progress_bar& bar) {
   using ckpt::interop::py_object;
   const auto& info = r.info();
+  const bool deepspeed = a.layout == "deepspeed";
   const std::uint32_t T = std::max(info.topology.tp, 1u), P = std::max(info.topology.pp, 1u);
+  if (deepspeed && P > 1)
+    throw ckpt::error(ckpt::error_kind::invalid_argument, "export --layout deepspeed: the checkpoint has pp=" + std::to_string(P) +
+                                                              ": DeepSpeed's pipeline layer files are not written yet (reshard it to pp=1 first)");
   std::set<std::string> per_rank;
   if (const auto* l = info.config.find("ckpt_import.per_rank_tensors")) {
     std::istringstream in(*l);
@@ -254,26 +269,35 @@ std::size_t export_megatron_folder(ckpt::reader<>& r, const export_args& a, prog
   for (const auto& [key, b] : boxes)
     if (const auto L = layer_of(key.first); L && !key.first.starts_with("optimizer."))
       first_layer[key.second / T] = std::min(first_layer[key.second / T], *L);
-  // Config: the run's args; ckpt's own entries, and those of the RNG states, stay out.
-  auto args = py_object::dict();
-  for (const auto& [key, text] : info.config.entries())
-    if (!key.starts_with("ckpt_import.") && !key.ends_with(".has_gauss") && !key.ends_with(".cached_gaussian"))
+  // Config: the run's args; ckpt's own entries, and those of the RNG states, stay out (and
+  // DeepSpeed's bookkeeping, which goes back to its place in the deepspeed layout).
+  auto args = py_object::dict(), bookkeeping = py_object::dict();
+  for (const auto& [key, text] : info.config.entries()) {
+    if (key.starts_with("ckpt_import.") || key.ends_with(".has_gauss") || key.ends_with(".cached_gaussian")) continue;
+    if (deepspeed && std::find(std::begin(deepspeed_keys), std::end(deepspeed_keys), key) != std::end(deepspeed_keys))
+      bookkeeping.set(key, python_value(text));
+    else
       args.set(key, python_value(text));
+  }
   const fs::path root = a.out;
   char tag[32];
-  std::snprintf(tag, sizeof tag, "iter_%07llu", static_cast<unsigned long long>(info.iteration));
+  std::snprintf(tag, sizeof tag, deepspeed ? "global_step%llu" : "iter_%07llu", static_cast<unsigned long long>(info.iteration));
   std::uint64_t done = 0;
   std::vector<std::byte> block;
   for (std::uint32_t p = 0; p < P; ++p)
     for (std::uint32_t t = 0; t < T; ++t) {
       const std::uint32_t rank = t + T * p;
-      char folder[32];
-      std::snprintf(folder, sizeof folder, P > 1 ? "mp_rank_%02u_%03u" : "mp_rank_%02u", t, p);
-      const fs::path dir = root / tag / folder;
-      fs::create_directories(dir);
-      ckpt::interop::torch_writer w(dir / "model_optim_rng.pt", {.archive_name = "model_optim_rng", .zip = {}});
+      char folder[48];
+      if (deepspeed)
+        std::snprintf(folder, sizeof folder, "mp_rank_%02u_model_states.pt", t);
+      else
+        std::snprintf(folder, sizeof folder, P > 1 ? "mp_rank_%02u_%03u/model_optim_rng.pt" : "mp_rank_%02u/model_optim_rng.pt", t, p);
+      const fs::path file = root / tag / folder;
+      fs::create_directories(file.parent_path());
+      ckpt::interop::torch_writer w(file, {.archive_name = file.stem().string(), .zip = {}});
       auto model = py_object::ordered_dict(), optimizer = py_object::dict(), extra = py_object::dict();
       for (const auto& ti : info.tensors) {
+        // ckpt's own tensors (the validation logits) are not read through the reader's API yet
         if (ti.name.starts_with("__ckpt")) continue;
         if (!a.optimizer && ti.name.starts_with("optimizer.")) continue;
         ckpt::shape_t lo(ti.shape.size(), 0), hi = ti.shape;
@@ -301,7 +325,7 @@ std::size_t export_megatron_folder(ckpt::reader<>& r, const export_args& a, prog
                                       : renumber_layer_down(ti.name, first_layer[p]);
         if (ti.name.starts_with("optimizer."))
           optimizer.set(ti.name.substr(10), node);
-        else if (ti.name.starts_with("rng_state."))
+        else if (is_rng_name(ti.name))
           put_path(extra, ti.name, node);
         else
           model.set(local, node);
@@ -317,19 +341,58 @@ std::size_t export_megatron_folder(ckpt::reader<>& r, const export_args& a, prog
         }
         put_path(extra, v.name, python_rng_state(e, info.config, v.name));
       }
-      auto top = py_object::dict({{"args", py_object(args).with_class(ckpt::interop::py_class::argparse_namespace)},
-                                  {"checkpoint_version", 3.0},
-                                  {"iteration", static_cast<std::int64_t>(info.iteration)},
-                                  {"model", model},
-                                  {"optimizer", optimizer}});
-      for (auto& [k, v] : extra.entries()) top.set(k, k.as_str() == "rng_state" ? as_rng_list(v) : v);
+      py_object top;
+      if (deepspeed) {
+        // DeepSpeed's engine state (what its load_checkpoint reads), then GPT-NeoX's client state:
+        // iteration, args (a dict), the five RNG entries, checkpoint_validation_logits.
+        auto shapes = py_object::ordered_dict();
+        for (const auto& [k, v] : model.entries())
+          shapes.set(k, py_object::tuple(py_object::list_type(v.as_tensor().value.shape.begin(), v.as_tensor().value.shape.end()))
+                            .with_class(ckpt::interop::py_class::torch_size));
+        const auto counter = [&](const char* k, std::int64_t fallback) {
+          const py_object* v = bookkeeping.find(k);
+          return v && v->is_int() ? *v : py_object(fallback);
+        };
+        top = py_object::dict({{"module", model},
+                               {"buffer_names", py_object::list()},
+                               {"optimizer", py_object()},
+                               {"param_shapes", py_object::list({shapes})},
+                               {"frozen_param_shapes", py_object()},
+                               {"shared_params", py_object::dict()},
+                               {"frozen_param_fragments", py_object()},
+                               {"lr_scheduler", py_object()},
+                               {"data_sampler", py_object()},
+                               {"random_ltd", py_object()},
+                               {"sparse_tensor_module_names", py_object::list().with_class(ckpt::interop::py_class::set)},
+                               {"skipped_steps", counter("skipped_steps", 0)},
+                               {"global_steps", counter("global_steps", static_cast<std::int64_t>(info.iteration))},
+                               {"global_samples", counter("global_samples", 0)},
+                               {"dp_world_size", counter("dp_world_size", 1)},
+                               {"mp_world_size", static_cast<std::int64_t>(T)},
+                               {"ds_config", py_object()},
+                               {"ds_version", bookkeeping.find("ds_version") ? *bookkeeping.find("ds_version") : py_object("0.16.5")},
+                               {"iteration", static_cast<std::int64_t>(info.iteration)},
+                               {"args", args}});
+        if (!optimizer.entries().empty()) top.set("optimizer", optimizer);
+        for (auto& [k, v] : extra.entries()) top.set(k, v);
+      } else {
+        top = py_object::dict({{"args", py_object(args).with_class(ckpt::interop::py_class::argparse_namespace)},
+                               {"checkpoint_version", 3.0},
+                               {"iteration", static_cast<std::int64_t>(info.iteration)},
+                               {"model", model},
+                               {"optimizer", optimizer}});
+        for (auto& [k, v] : extra.entries()) top.set(k, k.as_str() == "rng_state" ? as_rng_list(v) : v);
+      }
       w.finish(top);
     }
   // The tracker file last, through a temporary name: a reader never sees a half-written one.
-  const auto tracker = root / "latest_checkpointed_iteration.txt", temp = root / "latest_checkpointed_iteration.txt.tmp";
+  const auto tracker = root / (deepspeed ? "latest" : "latest_checkpointed_iteration.txt"), temp = fs::path(tracker.string() + ".tmp");
   {
     std::ofstream f(temp);
-    f << info.iteration;
+    if (deepspeed)
+      f << tag;
+    else
+      f << info.iteration;
     if (!f) throw ckpt::error(ckpt::error_kind::io, "cannot write " + temp.string());
   }
   fs::rename(temp, tracker);
@@ -420,8 +483,9 @@ int run_export(const export_args& a) {
       w.finish();
       files = w.shards().size();
     }
-  } else if (a.layout == "megatron" && !single_file) {
-    files = export_megatron_folder(r, a, bar);
+  } else if ((a.layout == "megatron" && !single_file) || a.layout == "deepspeed") {
+    if (single_file) throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout deepspeed writes a folder: give OUT without .pt");
+    files = export_rank_folders(r, a, bar);
   } else {
     files = export_torch(r, decls, a, single_file, bar);
   }

@@ -614,6 +614,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   if (ranks[0].validation_logits) logits = ranks[0].validation_logits->ref();
   // What `ckpt export --layout megatron` needs to give each rank its row back.
   if (!per_rank_tensors.empty()) {
+    std::sort(per_rank_tensors.begin(), per_rank_tensors.end());
     std::string list;
     for (const auto& n : per_rank_tensors) list += (list.empty() ? "" : "\n") + n;
     config.set("ckpt_import.per_rank_tensors", list);

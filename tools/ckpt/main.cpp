@@ -101,8 +101,9 @@ int main(int argc, char** argv) {
   c_ex->add_option("--max-shard-size", ex_shard, "Split the output into files of at most this size (e.g. 5GB, 500MB, 10GiB)");
   c_ex->add_flag("!--no-optimizer", ex.optimizer, "Leave the optimizer state out");
   c_ex->add_option("--layout", ex.layout,
-                   "torch: state_dict (a flat dict of tensors) or megatron (iteration, args, model, optimizer)")
-      ->check(CLI::IsMember({"state_dict", "megatron"}));
+                   "torch: state_dict (a flat dict of tensors); megatron (iteration, args, model, optimizer: one file, or "
+                   "Megatron-LM's per-rank folder when OUT has no .pt extension); deepspeed (GPT-NeoX/DeepSpeed's per-rank folder)")
+      ->check(CLI::IsMember({"state_dict", "megatron", "deepspeed"}));
   c_ex->callback([&] {
     if (!ex_dtype.empty()) {
       const std::string canon = ex_dtype == "float32" ? "f32" : ex_dtype == "bfloat16" ? "bf16" : ex_dtype == "float16" ? "f16"
