@@ -178,6 +178,16 @@ class pickler {
     }
   }
 
+  /// module.name(items), with `o`'s items as a plain list or tuple: how a set or a torch.Size pickles.
+  bool call_with_items(std::string_view module, std::string_view name, const py_object& o, std::size_t depth, std::string& path) {
+    global(module, name);
+    save(py_object(o).with_class(py_class::builtin), depth + 1, path);
+    put(op::TUPLE1);
+    put(op::REDUCE);
+    memoize();
+    return true;
+  }
+
   /// The classes of plain data, written as CPython's protocol-2 pickler writes them (the
   /// unpickler reads them back): argparse.Namespace, sets, torch.Size, torch dtypes, numpy
   /// arrays and dtypes. Returns false for a value of a builtin class.
@@ -193,24 +203,12 @@ class pickler {
         put(op::BUILD);
         return true;
       }
-      case py_class::set: case py_class::frozenset: {
+      case py_class::set: case py_class::frozenset:
         if (!o.is_list()) return false;
-        global("__builtin__", o.python_class() == py_class::set ? "set" : "frozenset");
-        save(py_object(o).with_class(py_class::builtin), depth + 1, path);
-        put(op::TUPLE1);
-        put(op::REDUCE);
-        memoize();
-        return true;
-      }
-      case py_class::torch_size: {
+        return call_with_items("__builtin__", o.python_class() == py_class::set ? "set" : "frozenset", o, depth, path);
+      case py_class::torch_size:
         if (!o.is_tuple()) return false;
-        global("torch", "Size");
-        save(py_object(o).with_class(py_class::builtin), depth + 1, path);
-        put(op::TUPLE1);
-        put(op::REDUCE);
-        memoize();
-        return true;
-      }
+        return call_with_items("torch", "Size", o, depth, path);
       case py_class::torch_dtype: {
         if (!o.is_str()) return false;
         global("torch", o.as_str());
