@@ -638,13 +638,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   for (std::uint32_t r = 0; r < world; ++r)
     if (!failures[r].empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: " + failures[r]);
 
-  std::size_t tensors = order.size(), left = 0;
-  for (const auto& x : ranks) left += x.left_out.size();
-  for (const auto& p : ranks[0].left_out) std::fprintf(stderr, "ckpt import: left out %s (in every rank's file)\n", p.c_str());
+  const std::size_t tensors = order.size();
+  for (std::uint32_t r = 0; r < world; ++r)
+    for (const auto& p : ranks[r].left_out) std::fprintf(stderr, "ckpt import: left out %s of %s\n", p.c_str(), file_of(r).c_str());
   for (const auto& f : c.not_imported) std::fprintf(stderr, "ckpt import: left out %s: ZeRO optimizer partitions are not imported yet\n", f.c_str());
   for (const auto& n : per_rank_tensors)
     std::fprintf(stderr, "ckpt import: %s is each rank's own: kept per source rank, stacked on a first dimension of %u\n", n.c_str(), world);
-  (void)left;
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> done{{}, fs::path(a.root)};
   std::printf("imported the %s checkpoint %s (tp=%u pp=%u, %u files): %zu tensors, %zu config entries into %s as %s (iteration %" PRIu64 ")\n",
               c.layout.c_str(), c.tag_dir.string().c_str(), T, P, world, tensors, config.entries().size(), a.root.c_str(),
