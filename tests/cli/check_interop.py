@@ -468,6 +468,28 @@ def megatron_tag_folder_and_tp2_only():
 
 
 @case
+def megatron_release_and_tag_override():
+    # Megatron's tracker may say "release" (a converted checkpoint in release/); --tag picks
+    # another tag of the root than the tracker names.
+    model = megatron_global_model(5)
+    src = os.path.join(tmp, "mlm_release")
+    tag = write_megatron(src, model, 2, 1, 60)
+    os.rename(tag, os.path.join(src, "release"))
+    with open(os.path.join(src, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("release\n")
+    write_megatron(os.path.join(tmp, "mlm_other"), model, 2, 1, 90)
+    shutil.move(os.path.join(tmp, "mlm_other", "iter_0000090"), os.path.join(src, "iter_0000090"))
+    root = os.path.join(tmp, "from_release")
+    p = run("import", src, root)
+    check("release" in p.stdout and "iteration 60" in p.stdout, p.stdout)
+    root2 = os.path.join(tmp, "from_tag90")
+    p = run("import", src, root2, "--tag", "iter_0000090")
+    check("iter_0000090" in p.stdout and "iteration 90" in p.stdout, p.stdout)
+    p = run("import", src, os.path.join(tmp, "from_tag_missing"), "--tag", "iter_0000007", expect="nonzero")
+    check("iter_0000007" in p.stderr, p.stderr)
+
+
+@case
 def bad_megatron_checkpoints_are_refused():
     model = megatron_global_model(3)
     for bad, needles in (("dtype", ["decoder.layers.0.mlp.linear_fc1.weight", "f32", "f16", "mp_rank_01_000"]),
