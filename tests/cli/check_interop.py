@@ -441,6 +441,13 @@ def megatron_tp2_pp2_checkpoint_imports():
                   f"{rel}: numpy's RNG state differs")
             numpy.random.set_state(gn)
             random.setstate(g["random_rng_state"])  # what Megatron's load_checkpoint does with it
+    # --dtype applies per rank as it does to one file: floating tensors converted, RNG bytes not
+    half = os.path.join(tmp, "mlm_back_bf16")
+    run("export", root, half, "--format", "torch", "--layout", "megatron", "--dtype", "bf16")
+    h = torch.load(os.path.join(half, "iter_0000500", "mp_rank_01_001", "model_optim_rng.pt"))
+    w = torch.load(os.path.join(src, "iter_0000500", "mp_rank_01_001", "model_optim_rng.pt"))
+    check(all(v.dtype == torch.bfloat16 and torch.equal(v, w["model"][k].to(torch.bfloat16)) for k, v in h["model"].items()), "bf16 export")
+    check(h["rng_state"][0]["torch_rng_state"].dtype == torch.uint8, "the RNG bytes were converted")
     # import of the export gives back the same checkpoint
     again = os.path.join(tmp, "from_mlm_back")
     run("import", back, again)

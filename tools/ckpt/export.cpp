@@ -90,6 +90,30 @@ ckpt::interop::py_object python_value(const std::string& text) {
   return std::stod(text);
 }
 
+/// Streams the region [lo, lo + shape) of tensor `t` into `w`'s open tensor, block by block
+/// (at most `budget` bytes each, in C order), converted to `out`: memory stays bounded whatever
+/// the tensor's size.
+void stream_region(ckpt::interop::torch_writer& w, ckpt::reader<>& r, const ckpt::tensor_info& t, const ckpt::shape_t& lo,
+                   const ckpt::shape_t& shape, ckpt::dtype out, std::uint64_t budget, progress_bar& bar, std::uint64_t& done) {
+  std::vector<std::byte> block, converted;
+  for_each_block(shape, ckpt::size_of(t.type), budget, [&](const ckpt::shape_t& offset, const ckpt::shape_t& part) {
+    ckpt::shape_t at(offset.size());
+    for (std::size_t d = 0; d < at.size(); ++d) at[d] = lo[d] + offset[d];
+    const auto n = ckpt::detail::element_count(part, t.name);
+    block.resize(n * ckpt::size_of(t.type));
+    r.read(t.name, ckpt::tensor_ref(t.type, part, block.data()).sharded({.global_shape = t.shape, .offset = at}));
+    if (out == t.type) {
+      w.write(block);
+    } else {
+      converted.resize(n * ckpt::size_of(out));
+      convert_elements(block.data(), t.type, converted.data(), out, n);
+      w.write(converted);
+    }
+    done += block.size();
+    bar.update(done);
+  });
+}
+
 /// One .pt file holding `decls[first..last)` (indices in `which`): a state dict, or with
 /// layout megatron GPT-NeoX's model_optim_rng.pt dict.
 void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::interop::tensor_decl>& decls,
@@ -97,25 +121,11 @@ void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::i
   using ckpt::interop::py_object;
   ckpt::interop::torch_writer w(file, {.archive_name = file.stem().string(), .zip = {}});
   auto model = py_object::ordered_dict(), optimizer = py_object::dict(), flat = py_object::ordered_dict();
-  std::vector<std::byte> block, converted;
   for (const auto k : which) {
     const auto& d = decls[k];
     const auto& t = *r.find(d.name);
     py_object node = w.begin_tensor(d.type, d.shape);
-    for_each_block(t.shape, ckpt::size_of(t.type), a.block_bytes, [&](const ckpt::shape_t& offset, const ckpt::shape_t& shape) {
-      const auto n = ckpt::detail::element_count(shape, t.name);
-      block.resize(n * ckpt::size_of(t.type));
-      r.read(t.name, ckpt::tensor_ref(t.type, shape, block.data()).sharded({.global_shape = t.shape, .offset = offset}));
-      if (d.type == t.type) {
-        w.write(block);
-      } else {
-        converted.resize(n * ckpt::size_of(d.type));
-        convert_elements(block.data(), t.type, converted.data(), d.type, n);
-        w.write(converted);
-      }
-      done += block.size();
-      bar.update(done);
-    });
+    stream_region(w, r, t, ckpt::shape_t(t.shape.size(), 0), t.shape, d.type, a.block_bytes, bar, done);
     w.end_tensor();
     if (a.layout == "megatron" && d.name.starts_with("optimizer."))
       optimizer.set(d.name.substr(10), node);
@@ -197,7 +207,7 @@ void put_path(ckpt::interop::py_object& root, const std::string& path, ckpt::int
       return;
     }
     if (!at->contains(key)) at->set(key, py_object::dict());
-    at = const_cast<py_object*>(&at->at(key));
+    at = &at->at(key);
     from = dot + 1;
   }
 }
@@ -250,10 +260,12 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
     for (const auto& c : r.chunks(t.name)) {
       const auto [tp, pp] = rank_of_file(c.file);
       const std::uint32_t rank = tp + T * pp;
-      auto [it, fresh] = boxes.try_emplace({t.name, rank}, box{c.offset, c.offset});
-      for (std::size_t d = 0; d < c.offset.size(); ++d) {
+      ckpt::shape_t end(c.offset.size());
+      for (std::size_t d = 0; d < end.size(); ++d) end[d] = c.offset[d] + c.shape[d];
+      auto [it, fresh] = boxes.try_emplace({t.name, rank}, box{c.offset, end});
+      for (std::size_t d = 0; !fresh && d < end.size(); ++d) {  // the rank's chunks tile its shard: their union
         it->second.lo[d] = std::min(it->second.lo[d], c.offset[d]);
-        it->second.hi[d] = std::max(fresh ? c.offset[d] + c.shape[d] : it->second.hi[d], c.offset[d] + c.shape[d]);
+        it->second.hi[d] = std::max(it->second.hi[d], end[d]);
       }
       stage_of.try_emplace(t.name, pp);
     }
@@ -283,7 +295,6 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
   char tag[32];
   std::snprintf(tag, sizeof tag, deepspeed ? "global_step%llu" : "iter_%07llu", static_cast<unsigned long long>(info.iteration));
   std::uint64_t done = 0;
-  std::vector<std::byte> block;
   for (std::uint32_t p = 0; p < P; ++p)
     for (std::uint32_t t = 0; t < T; ++t) {
       const std::uint32_t rank = t + T * p;
@@ -313,16 +324,13 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
         for (std::size_t d = 0; d < lo.size(); ++d) shape[d] = hi[d] - lo[d];
         const bool row = per_rank.count(ti.name) > 0;  // [1, ...] at [rank, ...]: the rank's own, without the first dimension
         ckpt::shape_t out_shape = row ? ckpt::shape_t(shape.begin() + 1, shape.end()) : shape;
-        py_object node = w.begin_tensor(ti.type, out_shape);
-        block.resize(ckpt::detail::element_count(shape, ti.name) * ckpt::size_of(ti.type));
-        r.read(ti.name, ckpt::tensor_ref(ti.type, shape, block.data()).sharded({.global_shape = ti.shape, .offset = lo}));
-        w.write(block);
+        const auto out_type = a.dtype && ckpt::is_floating(ti.type) ? *a.dtype : ti.type;  // --dtype, as in every export
+        py_object node = w.begin_tensor(out_type, out_shape);
+        stream_region(w, r, ti, lo, shape, out_type, a.block_bytes, bar, done);
         w.end_tensor();
-        done += block.size();
-        bar.update(done);
         const std::string local = ti.name.starts_with("optimizer.") || first_layer[p] == std::numeric_limits<std::uint64_t>::max()
                                       ? ti.name
-                                      : renumber_layer_down(ti.name, first_layer[p]);
+                                      : shift_layer(ti.name, -static_cast<std::int64_t>(first_layer[p]));
         if (ti.name.starts_with("optimizer."))
           optimizer.set(ti.name.substr(10), node);
         else if (is_rng_name(ti.name))

@@ -483,7 +483,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   for (std::uint32_t r = 0; r < world; ++r)
     for (std::size_t i = 0; i < ranks[r].tensors.size(); ++i) {
       auto& name = ranks[r].tensors[i].first;
-      if (!name.starts_with("optimizer.")) name = renumber_layer(name, first_layer[r / T]);
+      if (!name.starts_with("optimizer.")) name = shift_layer(name, static_cast<std::int64_t>(first_layer[r / T]));
       auto& h = holders[name];
       if (h.empty()) order.push_back(name);
       h.emplace_back(r, i);
@@ -514,12 +514,16 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     std::vector<std::pair<std::uint32_t, std::size_t>> mine, copies;
     for (const auto& x : h) (x.first / T == stage ? mine : copies).push_back(x);
     const bool all_same_shape = std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.shape == first.shape; });
-    const bool all_equal = all_same_shape && std::all_of(h.begin(), h.end(), [&](const auto& x) { return ranks[x.first].tensors[x.second].second.data == first.data; });
+    // Bytes are compared only where the name does not say how the tensor is split, and once.
+    bool compared_equal = false;
     if (T == 1 || mine.size() == 1) dim = -1;
     // An RNG state on every rank is each rank's own, even where two happen to be equal.
     if (!told && name.find("rng") != std::string::npos && h.size() == world && world > 1 && all_same_shape) dim = -2;
     if (!dim) {
-      if (all_equal) {
+      compared_equal = all_same_shape && std::all_of(h.begin(), h.end(), [&](const auto& x) {
+                         return ranks[x.first].tensors[x.second].second.data == first.data;
+                       });
+      if (compared_equal) {
         dim = -1;
       } else if (name.starts_with("optimizer.") || name.find("rng") != std::string::npos) {
         dim = -2;  // per source rank: stacked on a new first dimension
@@ -532,7 +536,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     if (*dim == -1) {
       // Replicated: every copy must be the same bytes.
       for (const auto& [r, i] : h)
-        if (ranks[r].tensors[i].second.shape != first.shape || ranks[r].tensors[i].second.data != first.data)
+        if (!compared_equal && (ranks[r].tensors[i].second.shape != first.shape || ranks[r].tensors[i].second.data != first.data))
           throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is replicated but differs between " +
                                                             file_of(r0) + " and " + file_of(r) + " (give --split '" + name + "=DIM' if it is split)");
       // Written once, by the first rank that holds it: a shard that is the whole tensor.
@@ -545,13 +549,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         throw ckpt::error(ckpt::error_kind::invalid_argument, c.tag_dir.string() + ": tensor " + name +
                                                                   " differs between ranks and is not on every rank with one shape: give --split");
       per_rank_tensors.push_back(name);
-      ckpt::shape_t global{world};
+      ckpt::shape_t global{world}, local{1};
       global.insert(global.end(), first.shape.begin(), first.shape.end());
+      local.insert(local.end(), first.shape.begin(), first.shape.end());
       for (const auto& [r, i] : h) {
         ckpt::shape_t off(global.size(), 0);
         off[0] = r;
-        ckpt::shape_t local{1};
-        local.insert(local.end(), first.shape.begin(), first.shape.end());
         auto& t = ranks[r].tensors[i].second;
         saves[r].tensors.emplace_back(name, ckpt::tensor_ref(t.type, local, t.data.data()).sharded({.global_shape = global, .offset = off}));
       }
