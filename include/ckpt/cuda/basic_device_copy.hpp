@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -286,11 +287,8 @@ class basic_device_copy {
   /// The GPU `user_stream` belongs to, asked once; -1 for the default streams, which stand for
   /// each tensor's own GPU.
   int user_device(const tensor_ref& t) {
-    if (!user_device_known_) {
-      call(t, 0, 0, "cudaStreamGetDevice (user stream)", [&] { user_device_ = rt_->stream_device(user_); });
-      user_device_known_ = true;
-    }
-    return user_device_;
+    if (!user_device_) call(t, 0, 0, "cudaStreamGetDevice (user stream)", [&] { user_device_ = rt_->stream_device(user_); });
+    return *user_device_;
   }
 
   /// An event made on the user stream's GPU, released with the policy.
@@ -408,8 +406,7 @@ class basic_device_copy {
   std::shared_ptr<lending> lent_;
   std::map<int, std::unique_ptr<gpu_context>> contexts_;
   std::map<int, std::unique_ptr<owned_event>> user_events_;  // by GPU, for a user stream on another GPU
-  int user_device_ = -1;
-  bool user_device_known_ = false;
+  std::optional<int> user_device_;  // asked on first use
 };
 
 }  // namespace ckpt::cuda
