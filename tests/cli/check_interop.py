@@ -27,6 +27,7 @@ try:
 except ImportError:
     print("torch is not importable from this python: skipped")
     sys.exit(77)
+import deepspeed_writer as dsw  # noqa: E402 (it needs torch)
 
 h = Harness(sys.argv[1], sys.argv[2])
 run, make, check, case = h.run, h.make, h.check, h.case
@@ -522,7 +523,8 @@ def bad_megatron_checkpoints_are_refused():
 @case
 def neox_tp2_checkpoint_imports():
     # GPT-NeoX through DeepSpeed without pipeline parallelism: global_stepN/mp_rank_TT_model_states.pt
-    # with the weights under "module", and `latest` naming the tag; a ZeRO partition beside them.
+    # with the weights under "module", and `latest` naming the tag (ZeRO partitions and pipeline
+    # layer files: neox_pipeline_with_zero_imports).
     g = torch.Generator().manual_seed(9)
     whole = {"sequential.0.word_embeddings.weight": (torch.randn(16, 8, generator=g), 0),
              "sequential.2.input_layernorm.weight": (torch.randn(8, generator=g), -1),
@@ -551,13 +553,11 @@ def neox_tp2_checkpoint_imports():
                     "rng_tracker_states": {"model-parallel-rng": torch.full((16,), 9 + t, dtype=torch.uint8)},
                     "checkpoint_validation_logits": logits},
                    os.path.join(tag, f"mp_rank_{t:02d}_model_states.pt"))
-        torch.save({"optimizer_state_dict": {"zero_stage": 1}}, os.path.join(tag, f"zero_pp_rank_0_mp_rank_{t:02d}_optim_states.pt"))
     with open(os.path.join(src, "latest"), "w") as f:
         f.write("global_step300")
     root = os.path.join(tmp, "from_neox_tp2")
     p = run("import", src, root)
     check("GPT-NeoX/DeepSpeed" in p.stdout and "tp=2 pp=1" in p.stdout and "iteration 300" in p.stdout, p.stdout)
-    check("zero_pp_rank_0_mp_rank_00_optim_states.pt: ZeRO optimizer partitions are not imported yet" in p.stderr, p.stderr)
     out = os.path.join(tmp, "neox_tp2.pt")
     run("export", root, out, "--format", "torch")
     sd = torch.load(out)
@@ -593,6 +593,56 @@ def neox_tp2_checkpoint_imports():
     p = run("diff", root, again, expect="nonzero")  # everything but the validation logits, which are not exported yet
     lines = [l for l in p.stdout.splitlines()[2:] if l.strip() and not l.startswith("TENSOR") and not l.rstrip().endswith(" equal")]
     check(lines == ["only in A: tensor __ckpt.validation_logits", "DIFFERENT"], lines)
+
+
+@case
+def neox_pipeline_with_zero_imports():
+    # GPT-NeoX as DeepSpeed's PipelineEngine saves it with ZeRO 1/2: layer files per (layer, tp
+    # rank), mp_rank_XX files (XX = stage * tp + tp rank) without the module, and each rank's
+    # optimizer cut into dp partitions (deepspeed_writer.py says how).
+    model = dsw.neox_pipeline_model(11)
+    want = dsw.expected(model)
+    for label, kw in (("zero2", {}), ("zero1-bf16", {"stage": 1, "bf16": True}), ("elastic", {"elastic": True})):
+        src = os.path.join(tmp, f"neox_pipe_{label}")
+        dsw.write(src, model, 2, 2, 2, 400, **kw)
+        root = os.path.join(tmp, f"from_neox_pipe_{label}")
+        p = run("import", src, root)
+        check("tp=2 pp=2, 22 files" in p.stdout and "iteration 400" in p.stdout, p.stdout)
+        check("param_slice_mappings (each partition's own slice bookkeeping" in p.stderr, p.stderr)
+        j = json.loads(run("inspect", root, "--json").stdout)
+        check(j["topology"]["tp"] == 2 and j["topology"]["pp"] == 2, j["topology"])
+        check(j["config"].get("optimizer.zero_partitions") == 2 and j["config"].get("optimizer.clip_grad") == 1.0, j["config"])
+        # Every weight and its fp32 master and moments, whole; and again resharded to tp=1 in
+        # C++, as an engine resuming at another tp reads it.
+        for r in (root, os.path.join(tmp, f"neox_pipe_{label}_tp1")):
+            if r != root:
+                run("reshard", root, r, "--tp", "1", "--pp", "1")
+            out = os.path.join(tmp, "neox_pipe.pt")
+            run("export", r, out, "--format", "torch")
+            sd = torch.load(out)
+            for k, v in want.items():
+                check(k in sd and same(sd[k], v), f"{label} {r}: {k} is not the global tensor")
+            os.remove(out)
+    # Bad input: a partition missing, one too short for param_shapes, a layer file missing, a
+    # layer whose dtype differs between tp ranks, ZeRO 3; nothing is written.
+    for bad, needles in (("missing_partition", ["zero_pp_rank_1_mp_rank_03_optim_states.pt is missing"]),
+                         ("short", ["zero_pp_rank_0_mp_rank_01_optim_states.pt", "fp32_param of group 0", "param_shapes needs"]),
+                         ("missing_layer", ["layer_03-model_01-model_states.pt is missing"]),
+                         ("layer_dtype", ["2.attention.dense.weight", "f16", "f32", "layer_02-model_01-model_states.pt"]),
+                         ("zero3", ["ZeRO stage 3", "zero_to_fp32.py"])):
+        src = os.path.join(tmp, f"neox_pipe_bad_{bad}")
+        tag = dsw.write(src, model, 2, 2, 2, 10, bad=bad)
+        if bad == "missing_partition":
+            os.remove(os.path.join(tag, "zero_pp_rank_1_mp_rank_03_optim_states.pt"))
+        if bad == "missing_layer":
+            os.remove(os.path.join(tag, "layer_03-model_01-model_states.pt"))
+        if bad == "zero3":
+            shutil.copy(os.path.join(tag, "mp_rank_00_model_states.pt"), os.path.join(tag, "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+        root = os.path.join(tmp, f"from_neox_pipe_bad_{bad}")
+        p = run("import", src, root, expect="nonzero")
+        for n in needles:
+            check(n in p.stderr, f"{bad}: message lacks {n!r}: {p.stderr}")
+        check(not os.path.exists(os.path.join(root, "latest")), f"{bad}: something was committed")
 
 
 @case

@@ -35,6 +35,7 @@
 
 #include "cli.hpp"
 #include "layers.hpp"
+#include "zero.hpp"
 
 namespace ckpt_tool {
 
@@ -52,6 +53,7 @@ struct imported {
   std::optional<std::uint64_t> iteration;
   std::optional<ckpt::interop::host_tensor> validation_logits;
   std::vector<std::string> left_out;  // paths of values ckpt has no place for
+  std::vector<std::string> origin;    // per tensor, the file it came from when not the rank's own ("" or absent: it is)
 };
 
 /// The state a checkpointer saves: the imported tensors and engines under their names.
@@ -319,13 +321,17 @@ bool ends_with(const std::string& s, std::string_view tail) { return s.size() >=
 struct rank_file {
   std::uint32_t tp = 0, pp = 0;
   fs::path file;
+  std::vector<fs::path> zero;  // its ZeRO 1/2 optimizer partitions, in data-parallel rank order
 };
 struct source_checkpoint {
   std::string layout;  // "Megatron-LM" or "GPT-NeoX/DeepSpeed"
   fs::path tag_dir;
   std::uint32_t tp = 1, pp = 1;
   std::vector<rank_file> ranks;  // rank r = t + tp * p
-  std::vector<std::string> not_imported;  // files of the tag left out (ZeRO partitions)
+  // DeepSpeed's pipeline layer files: per tp rank, (global layer index, file) in layer order.
+  std::vector<std::vector<std::pair<std::uint64_t, fs::path>>> layers;
+  std::vector<std::string> not_imported;  // files of the tag left out, with why
+  std::size_t files = 0;                  // files imported
 };
 
 std::string read_first_line(const fs::path& f) {
@@ -368,41 +374,99 @@ fs::path tag_folder(const fs::path& src, const std::optional<std::string>& tag) 
   return dir;
 }
 
+std::string deepspeed_model_file(std::uint32_t xx) {
+  char name[64];
+  std::snprintf(name, sizeof name, "mp_rank_%02u_model_states.pt", xx);
+  return name;
+}
+
+/// Every file of the tag folder a rank imports, checked for completeness. DeepSpeed numbers a
+/// pipeline's model files mp_rank_XX with XX = stage * tp + tp rank (its model-parallel group
+/// spans the pipeline), and the layer files by global layer index and tp rank.
 source_checkpoint find_ranks(const fs::path& tag_dir) {
   source_checkpoint c;
   c.tag_dir = tag_dir;
-  static const std::regex megatron_dir(R"(mp_rank_(\d{2})(?:_(\d{3}))?)"), deepspeed_file(R"(mp_rank_(\d{2})_model_states\.pt)"),
-      layer_file(R"(layer_\d+-model_\d+-model_states\.pt)"), zero_file(R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
-  bool layers = false;
+  static const std::regex megatron_dir(R"(mp_rank_(\d{2})(?:_(\d{3}))?)"), deepspeed_file(R"(mp_rank_(\d{2,})_model_states\.pt)"),
+      layer_file(R"(layer_(\d+)-model_(\d+)-model_states\.pt)"), zero_file(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)"),
+      zero3_file(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
+  std::map<std::uint32_t, std::map<std::uint32_t, fs::path>> zero;  // mp rank -> dp rank -> file
+  std::map<std::uint32_t, std::map<std::uint64_t, fs::path>> layers;  // tp rank -> layer -> file
+  bool zero3 = false;
+  const auto number = [&](const std::string& digits, const fs::path& f) {
+    if (digits.size() > 9) throw ckpt::error(ckpt::error_kind::invalid_argument, f.string() + ": a rank number this large is not a real checkpoint");
+    return static_cast<std::uint32_t>(std::stoul(digits));
+  };
   for (const auto& e : fs::directory_iterator(tag_dir)) {
     const auto name = e.path().filename().string();
     std::smatch m;
     if (e.is_directory() && std::regex_match(name, m, megatron_dir) && fs::exists(e.path() / "model_optim_rng.pt")) {
       c.layout = c.layout.empty() || c.layout == "Megatron-LM" ? "Megatron-LM" : "mixed";
-      c.ranks.push_back({static_cast<std::uint32_t>(std::stoul(m[1])), m[2].matched ? static_cast<std::uint32_t>(std::stoul(m[2])) : 0u,
-                         e.path() / "model_optim_rng.pt"});
+      c.ranks.push_back({number(m[1], e.path()), m[2].matched ? number(m[2], e.path()) : 0u, e.path() / "model_optim_rng.pt", {}});
+      for (const auto& inner : fs::directory_iterator(e.path()))
+        if (inner.path().filename() != "model_optim_rng.pt")
+          c.not_imported.push_back(name + "/" + inner.path().filename().string() +
+                                   (inner.path().filename() == "distrib_optim.pt" ? ": Megatron's distributed optimizer state is not imported"
+                                                                                   : ": not a file Megatron-LM's checkpoint reader reads"));
     } else if (e.is_regular_file() && std::regex_match(name, m, deepspeed_file)) {
       c.layout = c.layout.empty() || c.layout == "GPT-NeoX/DeepSpeed" ? "GPT-NeoX/DeepSpeed" : "mixed";
-      c.ranks.push_back({static_cast<std::uint32_t>(std::stoul(m[1])), 0u, e.path()});
-    } else if (e.is_regular_file() && std::regex_match(name, layer_file)) {
-      layers = true;
-    } else if (e.is_regular_file() && std::regex_match(name, zero_file)) {
-      c.not_imported.push_back(name);
+      c.ranks.push_back({number(m[1], e.path()), 0u, e.path(), {}});
+    } else if (e.is_regular_file() && std::regex_match(name, m, layer_file)) {
+      if (!layers[number(m[2], e.path())].emplace(number(m[1], e.path()), e.path()).second)
+        throw ckpt::error(ckpt::error_kind::invalid_argument, tag_dir.string() + " holds two files for layer " + std::string(m[1]) + " of tp rank " + std::string(m[2]));
+    } else if (e.is_regular_file() && std::regex_match(name, m, zero_file)) {
+      zero[number(m[3], e.path())][number(m[2], e.path())] = e.path();
+    } else if (e.is_regular_file() && std::regex_match(name, zero3_file)) {
+      zero3 = true;
     }
   }
+  if (zero3)
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      tag_dir.string() + " is a ZeRO stage 3 checkpoint (zero_pp_rank_D_mp_rank_XX_model_states.pt): ckpt import joins the "
+                                         "partitions of ZeRO stages 1 and 2; run DeepSpeed's zero_to_fp32.py on it first");
   if (c.ranks.empty())
     throw ckpt::error(ckpt::error_kind::invalid_argument,
                       tag_dir.string() + " is not a checkpoint ckpt import reads: it holds neither Megatron-LM's mp_rank_TT[_PPP]/model_optim_rng.pt "
                                          "nor GPT-NeoX/DeepSpeed's mp_rank_TT_model_states.pt");
   if (c.layout == "mixed")
     throw ckpt::error(ckpt::error_kind::invalid_argument, tag_dir.string() + " holds files of both Megatron-LM's and DeepSpeed's layouts");
-  if (layers)
-    throw ckpt::error(ckpt::error_kind::invalid_argument,
-                      tag_dir.string() + " holds DeepSpeed pipeline layer files (layer_LL-model_TT-model_states.pt): importing those "
-                                         "is not supported yet");
-  for (const auto& r : c.ranks) {
-    c.tp = std::max(c.tp, r.tp + 1);
-    c.pp = std::max(c.pp, r.pp + 1);
+  if (c.layout == "Megatron-LM" && (!layers.empty() || !zero.empty()))
+    throw ckpt::error(ckpt::error_kind::invalid_argument, tag_dir.string() + " holds Megatron-LM's rank folders and DeepSpeed's layer or ZeRO files");
+  if (!layers.empty()) {
+    // A pipeline: the layer files' tp ranks give tp, the model files then make pp stages.
+    c.tp = layers.rbegin()->first + 1;
+    for (std::uint32_t t = 0; t < c.tp; ++t) {
+      if (!layers.count(t))
+        throw ckpt::error(ckpt::error_kind::not_found, tag_dir.string() + ": the layer files of tp rank " + std::to_string(t) + " are missing");
+      for (const auto& [layer, f] : layers.begin()->second)
+        if (!layers[t].count(layer)) {
+          char name[96];
+          std::snprintf(name, sizeof name, "layer_%02llu-model_%02u-model_states.pt", static_cast<unsigned long long>(layer), t);
+          throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / name).string() + " is missing: tp rank " + std::to_string(layers.begin()->first) +
+                                                             " has that layer");
+        }
+      if (layers[t].size() != layers.begin()->second.size())
+        throw ckpt::error(ckpt::error_kind::not_found, tag_dir.string() + ": tp rank " + std::to_string(t) + " has layer files tp rank " +
+                                                           std::to_string(layers.begin()->first) + " lacks");
+      c.layers.emplace_back(layers[t].begin(), layers[t].end());
+      c.files += layers[t].size();
+    }
+    std::uint32_t most = 0;
+    for (const auto& r : c.ranks) most = std::max(most, r.tp + 1);
+    if (most % c.tp != 0)
+      throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / deepspeed_model_file(most)).string() + " is missing: the layer files make tp=" +
+                                                         std::to_string(c.tp) + ", and the model files mp_rank_00.." + std::to_string(most - 1) +
+                                                         " do not make whole pipeline stages of it");
+    c.pp = most / c.tp;
+    for (auto& r : c.ranks) {
+      const std::uint32_t xx = r.tp;
+      r.tp = xx % c.tp;
+      r.pp = xx / c.tp;
+    }
+  } else {
+    for (const auto& r : c.ranks) {
+      c.tp = std::max(c.tp, r.tp + 1);
+      c.pp = std::max(c.pp, r.pp + 1);
+    }
   }
   std::vector<const rank_file*> by_rank(static_cast<std::size_t>(c.tp) * c.pp, nullptr);
   for (const auto& r : c.ranks) by_rank[r.tp + c.tp * r.pp] = &r;
@@ -413,13 +477,38 @@ source_checkpoint find_ranks(const fs::path& tag_dir) {
         if (c.layout == "Megatron-LM")
           std::snprintf(name, sizeof name, c.pp > 1 ? "mp_rank_%02u_%03u/model_optim_rng.pt" : "mp_rank_%02u/model_optim_rng.pt", t, p);
         else
-          std::snprintf(name, sizeof name, "mp_rank_%02u_model_states.pt", t);
+          std::snprintf(name, sizeof name, "%s", deepspeed_model_file(t + c.tp * p).c_str());
         throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / name).string() + " is missing: the other files make a tp=" +
                                                            std::to_string(c.tp) + " pp=" + std::to_string(c.pp) + " checkpoint");
       }
   std::vector<rank_file> ordered;
   for (auto* r : by_rank) ordered.push_back(*r);
   c.ranks = std::move(ordered);
+  c.files += c.ranks.size();
+  // ZeRO partitions: for each model-parallel rank, data-parallel ranks 0..D-1, all of them.
+  std::uint32_t dp = 0;  // as many as the rank with the most has: every rank has all of them
+  for (const auto& [xx, parts] : zero) dp = std::max(dp, parts.rbegin()->first + 1);
+  for (const auto& [xx, parts] : zero) {
+    if (xx >= c.ranks.size())
+      throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / deepspeed_model_file(xx)).string() + " is missing: " +
+                                                         parts.begin()->second.filename().string() + " is a ZeRO partition of it");
+    for (std::uint32_t d = 0; d < dp; ++d)
+      if (!parts.count(d)) {
+        const bool bf16 = parts.begin()->second.filename().string().starts_with("bf16_");
+        char name[96];
+        std::snprintf(name, sizeof name, "%szero_pp_rank_%u_mp_rank_%02u_optim_states.pt", bf16 ? "bf16_" : "", d, xx);
+        throw ckpt::error(ckpt::error_kind::not_found, (tag_dir / name).string() + " is missing: the ZeRO partitions go up to dp rank " +
+                                                           std::to_string(dp - 1));
+      }
+    for (const auto& [d, f] : parts) c.ranks[xx].zero.push_back(f);
+    c.files += parts.size();
+  }
+  if (!zero.empty() && zero.size() != c.ranks.size())
+    for (std::uint32_t xx = 0; xx < c.ranks.size(); ++xx)
+      if (!zero.count(xx))
+        throw ckpt::error(ckpt::error_kind::not_found, tag_dir.string() + ": the ZeRO partitions of " + deepspeed_model_file(xx) +
+                                                           " are missing (zero_pp_rank_0_mp_rank_" + (xx < 10 ? "0" : "") + std::to_string(xx) +
+                                                           "_optim_states.pt ...), while other ranks have theirs");
   return c;
 }
 
@@ -457,10 +546,47 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   const std::uint32_t T = c.tp, P = c.pp, world = T * P;
   std::vector<imported> ranks(world);
   for (std::uint32_t r = 0; r < world; ++r) {
-    from_torch_tree(ckpt::interop::load_torch(c.ranks[r].file), ranks[r]);
+    auto root = ckpt::interop::load_torch(c.ranks[r].file);
+    py_object param_shapes;  // the order ZeRO flattened the parameters in
+    if (const py_object* ps = root.is_dict() ? root.find("param_shapes") : nullptr; ps && !c.ranks[r].zero.empty()) param_shapes = *ps;
+    from_torch_tree(std::move(root), ranks[r]);
     if (!ranks[r].iteration) ranks[r].iteration = iteration_of_folder(fs::absolute(c.ranks[r].file));
+    // A pipeline's layers: each file is one layer's state dict, its names under the layer's
+    // index as DeepSpeed's PipelineModule names its parameters ("3.mlp.dense_h_to_4h.weight").
+    // They go with the first stage's rank of their tp rank: the names are global already.
+    if (r < T && !c.layers.empty())
+      for (const auto& [layer, f] : c.layers[r]) {
+        auto sd = ckpt::interop::load_torch(f);
+        const auto rel = fs::relative(f, c.tag_dir).string();
+        if (!sd.is_dict()) throw ckpt::error(ckpt::error_kind::corrupt, f.string() + " holds " + sd.repr().substr(0, 80) + ", not a layer's state dict");
+        for (auto& [k, v] : sd.entries()) {
+          const auto name = std::to_string(layer) + "." + key_text(k);
+          if (!v.is_tensor()) {
+            ranks[r].left_out.push_back(name + " (" + std::string(ckpt::interop::to_string(v.kind())) + " in " + rel + ")");
+            continue;
+          }
+          ranks[r].origin.resize(ranks[r].tensors.size());
+          ranks[r].origin.push_back(rel);
+          ranks[r].tensors.emplace_back(name, std::move(v.as_tensor().value));
+        }
+      }
+    if (!c.ranks[r].zero.empty()) {
+      auto z = join_zero_partitions(c.ranks[r].zero, param_shapes, c.ranks[r].file);
+      std::erase(ranks[r].left_out, "optimizer (None)");  // ZeRO keeps it in the partitions
+      for (auto& [n, t] : z.tensors) {
+        ranks[r].origin.resize(ranks[r].tensors.size());
+        ranks[r].origin.push_back(c.ranks[r].zero.front().filename().string() + " ...");
+        ranks[r].tensors.emplace_back(std::move(n), std::move(t));
+      }
+      flatten(z.rest, "optimizer", ranks[r], true);
+      for (auto& l : z.left_out) ranks[r].left_out.push_back(std::move(l) + " of the ZeRO partitions");
+      ranks[r].config.set("optimizer.zero_partitions", static_cast<std::int64_t>(z.dp));
+    }
   }
   const auto file_of = [&](std::uint32_t r) { return fs::relative(c.ranks[r].file, c.tag_dir).string(); };
+  const auto file_of_t = [&](std::uint32_t r, std::size_t i) {  // the file tensor i of rank r came from
+    return i < ranks[r].origin.size() && !ranks[r].origin[i].empty() ? ranks[r].origin[i] : file_of(r);
+  };
   for (std::uint32_t r = 1; r < world; ++r)
     if (ranks[r].iteration != ranks[0].iteration)
       throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": " + file_of(r) + " is at iteration " +
@@ -499,7 +625,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
       const auto& t = ranks[r].tensors[i].second;
       if (t.type != first.type)
         throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is " + std::string(ckpt::to_string(first.type)) +
-                                                          " in " + file_of(r0) + " but " + std::string(ckpt::to_string(t.type)) + " in " + file_of(r));
+                                                          " in " + file_of_t(r0, i0) + " but " + std::string(ckpt::to_string(t.type)) + " in " + file_of_t(r, i));
     }
     std::optional<int> dim = megatron_split(name);
     bool told = false;  // --split named it
@@ -529,7 +655,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         dim = -2;  // per source rank: stacked on a new first dimension
       } else {
         throw ckpt::error(ckpt::error_kind::invalid_argument,
-                          c.tag_dir.string() + ": tensor " + name + " differs between " + file_of(h.front().first) + " and the other tp ranks, "
+                          c.tag_dir.string() + ": tensor " + name + " differs between " + file_of_t(h.front().first, h.front().second) + " and the other tp ranks, "
                           "and its name does not say how Megatron splits it: give --split '" + name + "=DIM' (DIM -1 if it is replicated)");
       }
     }
@@ -538,7 +664,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
       for (const auto& [r, i] : h)
         if (!compared_equal && (ranks[r].tensors[i].second.shape != first.shape || ranks[r].tensors[i].second.data != first.data))
           throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is replicated but differs between " +
-                                                            file_of(r0) + " and " + file_of(r) + " (give --split '" + name + "=DIM' if it is split)");
+                                                            file_of_t(r0, i0) + " and " + file_of_t(r, i) + " (give --split '" + name + "=DIM' if it is split)");
       // Written once, by the first rank that holds it: a shard that is the whole tensor.
       saves[r0].tensors.emplace_back(
           name, ranks[r0].tensors[i0].second.ref().sharded({.global_shape = first.shape, .offset = ckpt::shape_t(first.shape.size(), 0)}));
@@ -577,7 +703,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
       for (std::size_t k = 0; k < sh.size(); ++k)
         if (k != d && (sh.size() != first.shape.size() || sh[k] != first.shape[k]))
           throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is " + ckpt::detail::to_string(first.shape) +
-                                                            " in " + file_of(r0) + " and " + ckpt::detail::to_string(sh) + " in " + file_of(r) +
+                                                            " in " + file_of_t(r0, i0) + " and " + ckpt::detail::to_string(sh) + " in " + file_of_t(r, i) +
                                                             ": shards of a tensor split along dimension " + std::to_string(d) + " differ in another");
       global[d] += sh[d];
     }
@@ -593,8 +719,8 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     for (const auto& [r, i] : copies) {
       const auto& twin = ranks[mine[r % T].first].tensors[mine[r % T].second].second;
       if (ranks[r].tensors[i].second.data != twin.data)
-        throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " differs between " + file_of(mine[r % T].first) +
-                                                          " and " + file_of(r) + ", which hold the same shard of it");
+        throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " differs between " + file_of_t(mine[r % T].first, mine[r % T].second) +
+                                                          " and " + file_of_t(r, i) + ", which hold the same shard of it");
     }
   }
   // Values: each rank's RNG engines are its own; config entries that all ranks agree on are the
@@ -644,12 +770,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   const std::size_t tensors = order.size();
   for (std::uint32_t r = 0; r < world; ++r)
     for (const auto& p : ranks[r].left_out) std::fprintf(stderr, "ckpt import: left out %s of %s\n", p.c_str(), file_of(r).c_str());
-  for (const auto& f : c.not_imported) std::fprintf(stderr, "ckpt import: left out %s: ZeRO optimizer partitions are not imported yet\n", f.c_str());
+  for (const auto& f : c.not_imported) std::fprintf(stderr, "ckpt import: left out %s\n", f.c_str());
   for (const auto& n : per_rank_tensors)
     std::fprintf(stderr, "ckpt import: %s is each rank's own: kept per source rank, stacked on a first dimension of %u\n", n.c_str(), world);
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> done{{}, fs::path(a.root)};
-  std::printf("imported the %s checkpoint %s (tp=%u pp=%u, %u files): %zu tensors, %zu config entries into %s as %s (iteration %" PRIu64 ")\n",
-              c.layout.c_str(), c.tag_dir.string().c_str(), T, P, world, tensors, config.entries().size(), a.root.c_str(),
+  std::printf("imported the %s checkpoint %s (tp=%u pp=%u, %zu files): %zu tensors, %zu config entries into %s as %s (iteration %" PRIu64 ")\n",
+              c.layout.c_str(), c.tag_dir.string().c_str(), T, P, c.files, tensors, config.entries().size(), a.root.c_str(),
               done.latest().value_or("?").c_str(), iteration);
   return exit_ok;
 }
