@@ -23,12 +23,15 @@ using shape_t = std::vector<std::uint64_t>;
 
 /// Where a tensor's bytes live.
 struct device {
-  enum class kind : std::uint8_t { host, cuda };
+  /// `external`: bytes only a DevicePolicy written for them can reach, such as the tensors
+  /// of a file the DevicePolicy reads piece by piece while they are saved.
+  enum class kind : std::uint8_t { host, cuda, external };
   kind type = kind::host;
-  int id = 0;  ///< the CUDA device ordinal when `type == kind::cuda`
+  int id = 0;  ///< the CUDA device ordinal when `type == kind::cuda`; the DevicePolicy's own number when `external`
 
   static constexpr device host() noexcept { return {}; }
   static constexpr device cuda(int ordinal) noexcept { return {kind::cuda, ordinal}; }
+  static constexpr device external(int id) noexcept { return {kind::external, id}; }
   friend constexpr bool operator==(device, device) = default;
 };
 

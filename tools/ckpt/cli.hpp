@@ -173,6 +173,7 @@ struct import_args {
   std::optional<std::uint64_t> iteration;  ///< none: the file's "iteration", else 0
   std::optional<std::string> tag;          ///< of SRC (a root); a single file's import saves under it
   std::vector<std::pair<std::string, int>> splits;  ///< (name glob, dimension; -1 replicated)
+  std::uint64_t memory_bytes = 128ull << 20;        ///< save buffers of all ranks together
 };
 struct prune_args { std::string root; std::size_t keep = 0; bool dry_run = false; };
 

@@ -35,6 +35,7 @@
 
 #include "cli.hpp"
 #include "layers.hpp"
+#include "streamed.hpp"
 #include "zero.hpp"
 
 namespace ckpt_tool {
@@ -54,14 +55,65 @@ struct imported {
   std::optional<ckpt::interop::host_tensor> validation_logits;
   std::vector<std::string> left_out;  // paths of values ckpt has no place for
   std::vector<std::string> origin;    // per tensor, the file it came from when not the rank's own ("" or absent: it is)
+  // Streaming: tensors whose bytes stay in their file until the save reads them.
+  file_tensors* files = nullptr;                          // where they are recorded
+  ckpt::interop::torch_tensor_source* source = nullptr;  // the file being flattened
+  std::vector<int> streamed;                              // per tensor: its number in `files`, or -1 (in memory)
+
+  /// What the checkpointer saves tensor i from.
+  ckpt::tensor_ref ref(std::size_t i) {
+    if (i < streamed.size() && streamed[i] >= 0) return files->ref(streamed[i]);
+    return tensors[i].second.ref();
+  }
+  /// Bytes [offset, offset + out.size()) of tensor i.
+  void read(std::size_t i, std::uint64_t offset, std::span<std::byte> out) const {
+    if (i < streamed.size() && streamed[i] >= 0) return files->read(streamed[i], offset, out);
+    std::memcpy(out.data(), tensors[i].second.data.data() + offset, out.size());
+  }
+  /// Adds a tensor of the file being read: streamed when load_torch left its bytes.
+  void add_tensor(std::string name, ckpt::interop::py_tensor& t) {
+    int k = -1;
+    if (t.value.data.empty() && t.value.numel() != 0) {
+      if (!files || !source) throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: tensor " + name + " was read without its bytes");
+      k = files->add(*source, t);
+    }
+    streamed.resize(tensors.size(), -1);
+    streamed.push_back(k);
+    tensors.emplace_back(std::move(name), std::move(t.value));
+  }
+  /// Reads `file` for flattening, its tensors' bytes left in it.
+  ckpt::interop::py_object open(const fs::path& file) {
+    if (!files) return ckpt::interop::load_torch(file);
+    source = &files->source(file);
+    ckpt::interop::torch_load_options lazy;
+    lazy.read_tensors = false;
+    return ckpt::interop::load_torch(file, lazy);
+  }
 };
+
+/// True when tensors a (of `x`) and b (of `y`) hold the same bytes, compared a block at a time.
+bool same_bytes(const imported& x, std::size_t a, const imported& y, std::size_t b) {
+  const auto& ta = x.tensors[a].second;
+  const auto& tb = y.tensors[b].second;
+  if (ta.type != tb.type || ta.shape != tb.shape) return false;
+  const std::uint64_t n = ta.numel() * ckpt::size_of(ta.type);
+  constexpr std::uint64_t block = std::uint64_t{8} << 20;
+  std::vector<std::byte> pa(static_cast<std::size_t>(std::min(n, block))), pb(pa.size());
+  for (std::uint64_t at = 0; at < n; at += block) {
+    const auto len = static_cast<std::size_t>(std::min(block, n - at));
+    x.read(a, at, std::span(pa).first(len));
+    y.read(b, at, std::span(pb).first(len));
+    if (std::memcmp(pa.data(), pb.data(), len) != 0) return false;
+  }
+  return true;
+}
 
 /// The state a checkpointer saves: the imported tensors and engines under their names.
 struct imported_state {
   imported* what;
   template <class V>
   void checkpoint(V& v) {
-    for (auto& [name, t] : what->tensors) v.tensor(name, t.ref());
+    for (std::size_t i = 0; i < what->tensors.size(); ++i) v.tensor(what->tensors[i].first, what->ref(i));
     for (auto& [name, e] : what->engines) v.value(name, e);
   }
 };
@@ -157,7 +209,7 @@ void flatten(py_object& o, const std::string& path, imported& out, bool scalars_
   }
   switch (o.kind()) {
     case py_kind::tensor:
-      out.tensors.emplace_back(path, std::move(o.as_tensor().value));
+      out.add_tensor(path, o.as_tensor());
       return;
     case py_kind::dict:
       for (auto& [k, v] : o.entries()) flatten(v, join(path, key_text(k)), out, scalars_to_config);
@@ -237,8 +289,13 @@ void from_torch_tree(py_object root, imported& out) {
       flatten(v, "optimizer", out, true);
     } else if (key == "args" && v.is_dict()) {
       flatten(v, "", out, true);  // a dict (GPT-NeoX) or an argparse.Namespace (Megatron-LM)
-    } else if (key == "checkpoint_validation_logits" && v.is_tensor()) {
+    } else if (key == "checkpoint_validation_logits" && v.is_tensor() && !v.as_tensor().value.data.empty()) {
       out.validation_logits = std::move(v.as_tensor().value);
+    } else if (key == "checkpoint_validation_logits" && v.is_tensor()) {
+      auto& t = v.as_tensor().value;  // small: read now
+      t.data.resize(static_cast<std::size_t>(t.numel() * ckpt::size_of(t.type)));
+      if (out.source && t.numel() != 0) out.source->read(v.as_tensor(), 0, t.data);
+      out.validation_logits = std::move(t);
     } else {
       flatten(v, key, out, true);
     }
@@ -278,14 +335,18 @@ void from_torch_index(const fs::path& index, imported& out) {
   }
   for (const auto& file : shards) {
     imported part;
-    from_torch_tree(ckpt::interop::load_torch(index.parent_path() / file), part);
-    for (auto& [name, t] : part.tensors) {
+    part.files = out.files;
+    from_torch_tree(part.open(index.parent_path() / file), part);
+    for (std::size_t i = 0; i < part.tensors.size(); ++i) {
+      auto& [name, t] = part.tensors[i];
       auto w = wanted.find(name);
       if (w == wanted.end() || w->second != file)
         throw ckpt::error(ckpt::error_kind::corrupt, (index.parent_path() / file).string() + " holds tensor " +
                                                          ckpt::detail::printable(name) + ", which " + index.string() +
                                                          " does not place there");
       wanted.erase(w);
+      out.streamed.resize(out.tensors.size(), -1);
+      out.streamed.push_back(i < part.streamed.size() ? part.streamed[i] : -1);
       out.tensors.emplace_back(std::move(name), std::move(t));
     }
   }
@@ -541,12 +602,19 @@ struct rank_save {
   }
 };
 
+/// Each rank's share of --memory: the buffers its save stages the streamed tensors through.
+std::uint64_t buffer_bytes(const import_args& a, std::uint32_t ranks) {
+  return std::max<std::uint64_t>(a.memory_bytes / ranks, ckpt::checkpointer_options{}.chunk_bytes * 2);
+}
+
 int import_checkpoint(const import_args& a, const fs::path& src) {
   const auto c = find_ranks(tag_folder(src, a.tag));
   const std::uint32_t T = c.tp, P = c.pp, world = T * P;
+  file_tensors files;  // the source files, read while the ranks save
   std::vector<imported> ranks(world);
   for (std::uint32_t r = 0; r < world; ++r) {
-    auto root = ckpt::interop::load_torch(c.ranks[r].file);
+    ranks[r].files = &files;
+    auto root = ranks[r].open(c.ranks[r].file);
     py_object param_shapes;  // the order ZeRO flattened the parameters in
     if (const py_object* ps = root.is_dict() ? root.find("param_shapes") : nullptr; ps && !c.ranks[r].zero.empty()) param_shapes = *ps;
     from_torch_tree(std::move(root), ranks[r]);
@@ -556,7 +624,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     // They go with the first stage's rank of their tp rank: the names are global already.
     if (r < T && !c.layers.empty())
       for (const auto& [layer, f] : c.layers[r]) {
-        auto sd = ckpt::interop::load_torch(f);
+        auto sd = ranks[r].open(f);
         const auto rel = fs::relative(f, c.tag_dir).string();
         if (!sd.is_dict()) throw ckpt::error(ckpt::error_kind::corrupt, f.string() + " holds " + sd.repr().substr(0, 80) + ", not a layer's state dict");
         for (auto& [k, v] : sd.entries()) {
@@ -567,7 +635,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
           }
           ranks[r].origin.resize(ranks[r].tensors.size());
           ranks[r].origin.push_back(rel);
-          ranks[r].tensors.emplace_back(name, std::move(v.as_tensor().value));
+          ranks[r].add_tensor(name, v.as_tensor());
         }
       }
     if (!c.ranks[r].zero.empty()) {
@@ -647,7 +715,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     if (!told && name.find("rng") != std::string::npos && h.size() == world && world > 1 && all_same_shape) dim = -2;
     if (!dim) {
       compared_equal = all_same_shape && std::all_of(h.begin(), h.end(), [&](const auto& x) {
-                         return ranks[x.first].tensors[x.second].second.data == first.data;
+                         return x == h.front() || same_bytes(ranks[x.first], x.second, ranks[r0], i0);
                        });
       if (compared_equal) {
         dim = -1;
@@ -662,12 +730,12 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
     if (*dim == -1) {
       // Replicated: every copy must be the same bytes.
       for (const auto& [r, i] : h)
-        if (!compared_equal && (ranks[r].tensors[i].second.shape != first.shape || ranks[r].tensors[i].second.data != first.data))
+        if (!compared_equal && (r != r0 || i != i0) && !same_bytes(ranks[r], i, ranks[r0], i0))
           throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " is replicated but differs between " +
                                                             file_of_t(r0, i0) + " and " + file_of_t(r, i) + " (give --split '" + name + "=DIM' if it is split)");
       // Written once, by the first rank that holds it: a shard that is the whole tensor.
       saves[r0].tensors.emplace_back(
-          name, ranks[r0].tensors[i0].second.ref().sharded({.global_shape = first.shape, .offset = ckpt::shape_t(first.shape.size(), 0)}));
+          name, ranks[r0].ref(i0).sharded({.global_shape = first.shape, .offset = ckpt::shape_t(first.shape.size(), 0)}));
       continue;
     }
     if (*dim == -2) {
@@ -682,7 +750,8 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         ckpt::shape_t off(global.size(), 0);
         off[0] = r;
         auto& t = ranks[r].tensors[i].second;
-        saves[r].tensors.emplace_back(name, ckpt::tensor_ref(t.type, local, t.data.data()).sharded({.global_shape = global, .offset = off}));
+        const auto src = ranks[r].ref(i);
+        saves[r].tensors.emplace_back(name, ckpt::tensor_ref(t.type, local, src.data(), src.where()).sharded({.global_shape = global, .offset = off}));
       }
       continue;
     }
@@ -713,12 +782,11 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
       ckpt::shape_t off(global.size(), 0);
       off[d] = at;
       at += t.shape[d];
-      saves[r].tensors.emplace_back(name, t.ref().sharded({.global_shape = global, .offset = off}));
+      saves[r].tensors.emplace_back(name, ranks[r].ref(i).sharded({.global_shape = global, .offset = off}));
     }
     // Copies on later stages (tied embeddings) must hold the same shards.
     for (const auto& [r, i] : copies) {
-      const auto& twin = ranks[mine[r % T].first].tensors[mine[r % T].second].second;
-      if (ranks[r].tensors[i].second.data != twin.data)
+      if (!same_bytes(ranks[r], i, ranks[mine[r % T].first], mine[r % T].second))
         throw ckpt::error(ckpt::error_kind::mismatch, c.tag_dir.string() + ": tensor " + name + " differs between " + file_of_t(mine[r % T].first, mine[r % T].second) +
                                                           " and " + file_of_t(r, i) + ", which hold the same shard of it");
     }
@@ -756,8 +824,9 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
   for (std::uint32_t r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix> cp{
-            {.tp = T, .pp = P, .dp = 1, .comm = {comm_world, static_cast<int>(r)}}, ckpt::posix(a.root), {.keep_last_n = 0, .threads = 1}};
+        ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix, ckpt::raw, streamed_from_files> cp{
+            {.tp = T, .pp = P, .dp = 1, .comm = {comm_world, static_cast<int>(r)}}, ckpt::posix(a.root), {.keep_last_n = 0, .threads = 1, .buffer_bytes = buffer_bytes(a, world)},
+            {}, streamed_from_files{&files}};
         cp.save(iteration, saves[r], {.config = config, .validation_logits = r == 0 ? logits : std::nullopt, .overwrite = false});
       } catch (const std::exception& e) {
         failures[r] = e.what();
@@ -786,6 +855,7 @@ int run_import(const import_args& a) {
   const fs::path file = a.file;
   if (fs::is_directory(file)) return import_checkpoint(a, file);
   if (!fs::is_regular_file(file)) throw ckpt::error(ckpt::error_kind::not_found, "no such file: " + a.file);
+  file_tensors files;
   imported what;
   const auto name = file.filename().string();
   if (ends_with(name, ".safetensors.index.json")) {
@@ -800,14 +870,16 @@ int run_import(const import_args& a) {
   } else if (ends_with(name, ".index.json")) {
     from_torch_index(file, what);
   } else {
-    from_torch_tree(ckpt::interop::load_torch(file), what);
+    what.files = &files;
+    from_torch_tree(what.open(file), what);
   }
   if (what.tensors.empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, a.file + " holds no tensors");
   if (!what.iteration) what.iteration = iteration_of_folder(fs::absolute(file));
   const std::uint64_t iteration = a.iteration.value_or(what.iteration.value_or(0));
   std::uint64_t bytes = 0;
-  for (const auto& [n, t] : what.tensors) bytes += t.data.size();
-  ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, fs::path(a.root)};
+  for (const auto& [n, t] : what.tensors) bytes += t.numel() * ckpt::size_of(t.type);
+  ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::raw, streamed_from_files> cp{
+      {}, fs::path(a.root), {.buffer_bytes = buffer_bytes(a, 1)}, {}, streamed_from_files{&files}};
   imported_state state{&what};
   std::optional<ckpt::tensor_ref> logits;
   if (what.validation_logits) logits = what.validation_logits->ref();

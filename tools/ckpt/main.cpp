@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   c_im->add_option("--iteration", im.iteration, "Iteration to record (default: the file's 'iteration', else 0)");
   c_im->add_option("--tag", im.tag, "Tag of SRC to import, when SRC is a checkpoint root (default: the one it names as latest)");
   c_im->add_option("--split", im_splits, "NAME=DIM: tensors matching the glob NAME are split along DIM over the tp ranks (-1: replicated)");
+  c_im->add_option("--memory", im.memory_bytes, "Bytes of save buffers for all ranks together (default 128 MiB); tensors stream from SRC through them")
+      ->check(CLI::Range(std::uint64_t{16} << 20, std::uint64_t{1} << 40));
   c_im->callback([&] {
     parse_splits(im_splits, im.splits);
     status = run_import(im);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -245,6 +246,10 @@ inline void save_torch(const std::filesystem::path& path, py_object root, torch_
 struct torch_load_options {
   unpickle_limits limits;
   std::uint64_t max_pickle_bytes = std::uint64_t{1} << 30;  ///< size of data.pkl
+  /// false: a tensor that is the whole of its own storage comes back with its dtype and shape
+  /// but no bytes (`value.data` empty), to be read piece by piece with `torch_tensor_source`;
+  /// views and shared storages are read as usual. Everything else is checked as usual.
+  bool read_tensors = true;
 };
 
 namespace detail {
@@ -416,6 +421,10 @@ inline py_object load_torch(const std::filesystem::path& path, torch_load_option
     auto& t = *s.tensor;
     auto& u = storages.at(t.storage.key);
     const std::size_t es = size_of(t.value.type);
+    if (!options.read_tensors && u.users == 1 && !u.loaded && detail::whole_contiguous(t)) {
+      --u.users;  // left for torch_tensor_source
+      continue;
+    }
     t.value.data.assign(static_cast<std::size_t>(t.value.numel() * es), std::byte{});
     if (u.users == 1 && !u.loaded && detail::whole_contiguous(t)) {
       zip.read(*u.record, t.value.data);  // straight into the tensor, CRC-32 checked
@@ -431,5 +440,78 @@ inline py_object load_torch(const std::filesystem::path& path, torch_load_option
   }
   return root;
 }
+
+/// Reads the elements of the tensors `load_torch(path, {.read_tensors = false})` left unread,
+/// a piece at a time, straight from the archive: memory holds the piece, never the file.
+///
+/// Every byte is verified: a pass that reads a tensor from its first byte to its last, in
+/// order (as a save does), checks the record's CRC-32 when it reaches the end and throws
+/// `corrupt` on a mismatch; a read out of that order first checks the whole record. Reads of
+/// one source may come from several threads (they are serialised).
+///
+/// @code
+/// ckpt::interop::torch_load_options lazy;
+/// lazy.read_tensors = false;
+/// auto root = ckpt::interop::load_torch("model_optim_rng.pt", lazy);
+/// ckpt::interop::torch_tensor_source src("model_optim_rng.pt");
+/// std::vector<std::byte> first_mib(1 << 20);
+/// src.read(root.at("model").at("embedding.word_embeddings.weight").as_tensor(), 0, first_mib);
+/// @endcode
+class torch_tensor_source {
+ public:
+  explicit torch_tensor_source(const std::filesystem::path& path) : zip_(path) {
+    if (zip_.entries().empty()) throw error(error_kind::corrupt, path.string() + ": empty zip archive, not a torch.save file");
+    const std::string& first = zip_.entries().front().name;
+    top_ = first.substr(0, first.find('/'));
+  }
+
+  /// Bytes [offset, offset + out.size()) of `t`'s elements (row-major, as `value.data` would
+  /// hold them).
+  void read(const py_tensor& t, std::uint64_t offset, std::span<std::byte> out) {
+    const std::lock_guard lock(mutex_);
+    const zip_entry& e = zip_.at(top_ + "/data/" + t.storage.key);
+    const std::uint64_t es = size_of(t.value.type), start = t.storage.offset * es;
+    if (!detail::whole_contiguous(t) || start != 0 || e.size != t.value.numel() * es)
+      throw error(error_kind::invalid_argument, zip_.path().string() + ": storage " + ckpt::detail::printable(t.storage.key) +
+                                                    " is not one tensor's whole elements, which load_torch reads itself");
+    auto& p = passes_[e.name];
+    if (offset == 0) p = {};  // a new pass from the start
+    if (offset != p.next) {
+      verify_whole(e);
+      p.next = e.size + 1;  // out of order: nothing more to check in this pass
+    }
+    zip_.read_at(e, offset, out);
+    if (p.next == offset) {
+      p.crc = ckpt::interop::detail::crc32_update(p.crc, out);
+      p.next += out.size();
+      if (p.next == e.size && p.crc != e.crc32)
+        throw error(error_kind::corrupt, zip_.path().string() + ": zip entry " + ckpt::detail::printable(e.name) + " (a tensor's elements): CRC-32 mismatch");
+    }
+  }
+
+  const std::filesystem::path& path() const noexcept { return zip_.path(); }
+
+ private:
+  void verify_whole(const zip_entry& e) {
+    std::vector<std::byte> block(static_cast<std::size_t>(std::min<std::uint64_t>(e.size, std::uint64_t{16} << 20)));
+    std::uint32_t crc = 0;
+    for (std::uint64_t at = 0; at < e.size; at += block.size()) {
+      const auto part = std::span(block).first(static_cast<std::size_t>(std::min<std::uint64_t>(block.size(), e.size - at)));
+      zip_.read_at(e, at, part);
+      crc = ckpt::interop::detail::crc32_update(crc, part);
+    }
+    if (crc != e.crc32)
+      throw error(error_kind::corrupt, zip_.path().string() + ": zip entry " + ckpt::detail::printable(e.name) + " (a tensor's elements): CRC-32 mismatch");
+  }
+
+  struct pass {
+    std::uint64_t next = 0;  // the byte a read in order continues at
+    std::uint32_t crc = 0;   // of bytes [0, next)
+  };
+  zip_reader zip_;
+  std::string top_;
+  std::map<std::string, pass> passes_;
+  std::mutex mutex_;
+};
 
 }  // namespace ckpt::interop

@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""Peak memory of `ckpt import` and `ckpt export --layout megatron` on a Megatron-LM tp=2
+checkpoint of SIZE GiB (default 2.1), written here with torch the way Megatron's
+save_checkpoint lays it out. Prints the source's size, its largest tensor and each command's
+peak RSS (from /usr/bin/time -f %M), and the ratio of that to the source.
+
+    bench/import_memory.py CKPT_TOOL [--gib 2.1] [--dir DIR]
+"""
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("tool")
+ap.add_argument("--gib", type=float, default=2.1)
+ap.add_argument("--dir", default=None)
+a = ap.parse_args()
+
+work = tempfile.mkdtemp(prefix="ckpt-import-memory-", dir=a.dir)
+try:
+    # 8 layers of a wide MLP: each rank holds half of every fc1 (rows) and fc2 (columns).
+    layers, hidden = 8, 1024
+    per_layer = a.gib * 2**30 / layers  # bytes of fp32, both ranks together
+    ffn = int(per_layer / 4 / hidden / 2 / 2) * 2
+    src = os.path.join(work, "src")
+    tag = os.path.join(src, "iter_0000100")
+    largest = 0
+    total = 0
+    for t in range(2):
+        sd = collections.OrderedDict()
+        g = torch.Generator().manual_seed(t)
+        for L in range(layers):
+            fc1 = torch.empty(ffn // 2, hidden).uniform_(generator=g)
+            fc2 = torch.empty(hidden, ffn // 2).uniform_(generator=g)
+            sd[f"decoder.layers.{L}.mlp.linear_fc1.weight"] = fc1
+            sd[f"decoder.layers.{L}.mlp.linear_fc2.weight"] = fc2
+            sd[f"decoder.layers.{L}.input_layernorm.weight"] = torch.ones(hidden)
+            largest = max(largest, fc1.numel() * 4)
+            total += (fc1.numel() + fc2.numel() + hidden) * 4
+        folder = os.path.join(tag, f"mp_rank_{t:02d}")
+        os.makedirs(folder)
+        torch.save({"iteration": 100, "checkpoint_version": 3.0, "model": sd}, os.path.join(folder, "model_optim_rng.pt"))
+        del sd
+    with open(os.path.join(src, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("100")
+    print(f"source: Megatron-LM tp=2, {total / 2**30:.2f} GiB in {2 * 3 * layers} tensors, the largest {largest / 2**20:.0f} MiB")
+    print("| command | peak RSS | / source |")
+    print("|---|---:|---:|")
+
+    def measure(label, *args):
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", a.tool, *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"{label} failed: {p.stderr}")
+        kib = int(p.stderr.strip().splitlines()[-1])
+        print(f"| `{label}` | {kib / 1024:.0f} MiB | {kib * 1024 / total:.3f} |")
+
+    root = os.path.join(work, "root")
+    measure("ckpt import SRC ROOT", "import", src, root)
+    measure("ckpt export ROOT OUT --format torch --layout megatron", "export", root, os.path.join(work, "back"), "--format", "torch",
+            "--layout", "megatron")
+finally:
+    shutil.rmtree(work)

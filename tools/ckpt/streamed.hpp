@@ -1,0 +1,77 @@
+#pragma once
+// Tensors `ckpt import` saves without holding them: their bytes stay in the source .pt files
+// until the checkpointer asks for them, a chunk at a time, so an import's memory is the
+// checkpointer's staging buffers plus what the tool itself holds (ZeRO's joined state, RNG
+// states), not the model.
+//
+// A streamed tensor is a tensor_ref on device::external(k), k its place in a file_tensors
+// table; the `streamed_from_files` DevicePolicy reads entry k from its file when the save
+// stages it. Tensors in memory (host) go through as they would with ckpt::host_copy.
+
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <ckpt/error.hpp>
+#include <ckpt/interop/torch.hpp>
+#include <ckpt/tensor.hpp>
+
+namespace ckpt_tool {
+
+/// The streamed tensors of an import: for each, its file and its place in the file.
+class file_tensors {
+ public:
+  /// The source of `file`, opened once.
+  ckpt::interop::torch_tensor_source& source(const std::filesystem::path& file) {
+    for (auto& s : sources_)
+      if (s->path() == file) return *s;
+    return *sources_.emplace_back(std::make_unique<ckpt::interop::torch_tensor_source>(file));
+  }
+  /// Records `t` (read without its bytes) and gives its number.
+  int add(ckpt::interop::torch_tensor_source& src, const ckpt::interop::py_tensor& t) {
+    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
+    ckpt::interop::py_tensor shell{ckpt::interop::host_tensor{t.value.type, t.value.shape, {}}, t.storage, false};
+    entries_.push_back({&src, std::move(shell)});
+    return static_cast<int>(entries_.size() - 1);
+  }
+  /// Bytes [offset, offset + out.size()) of tensor `k`.
+  void read(int k, std::uint64_t offset, std::span<std::byte> out) const {
+    const auto& e = entries_.at(static_cast<std::size_t>(k));
+    e.source->read(e.tensor, offset, out);
+  }
+  /// A view ckpt can save tensor `k` through: external memory the DevicePolicy reads.
+  ckpt::tensor_ref ref(int k) const {
+    const auto& t = entries_.at(static_cast<std::size_t>(k)).tensor.value;
+    static std::byte nowhere;  // never dereferenced: the DevicePolicy reads the file
+    return ckpt::tensor_ref(t.type, t.shape, &nowhere, ckpt::device::external(k));
+  }
+
+ private:
+  struct entry {
+    ckpt::interop::torch_tensor_source* source;
+    ckpt::interop::py_tensor tensor;  // dtype, shape and storage; no bytes
+  };
+  std::vector<std::unique_ptr<ckpt::interop::torch_tensor_source>> sources_;
+  std::deque<entry> entries_;
+};
+
+/// The DevicePolicy of an import: host tensors by memcpy, external ones from their file.
+struct streamed_from_files {
+  const file_tensors* files = nullptr;
+
+  bool accepts(ckpt::device d) const noexcept { return d.type == ckpt::device::kind::host || d.type == ckpt::device::kind::external; }
+  void to_host(const ckpt::tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) const {
+    if (t.where().type == ckpt::device::kind::external)
+      files->read(t.where().id, offset, dst);
+    else if (!dst.empty())
+      std::memcpy(dst.data(), t.data() + offset, dst.size());
+  }
+  void from_host(std::span<const std::byte>, const ckpt::tensor_ref&, std::uint64_t) const {
+    throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import saves from its source files and never loads into them");
+  }
+};
+
+}  // namespace ckpt_tool
