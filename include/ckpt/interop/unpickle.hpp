@@ -261,8 +261,8 @@ class unpickler {
     ndarray  // a numpy array until its BUILD: items {dtype node, shape tuple node}, s its bytes
   };
   enum class fn : std::uint8_t {
-    ordered_dict, rebuild_tensor_v2, rebuild_tensor_v3, rebuild_tensor, rebuild_parameter, rebuild_parameter_with_state, codecs_encode,
-    empty_bytes,
+    ordered_dict, rebuild_tensor_v2, rebuild_tensor_v3, rebuild_tensor, rebuild_parameter, rebuild_parameter_with_state,
+    codecs_encode, empty_bytes,
     // classes and functions of plain data (the writers' args, RNG states and bookkeeping)
     namespace_class, set_class, frozenset_class, defaultdict_class, torch_size_class, object_class, copyreg_reconstructor,
     numpy_reconstruct, numpy_ndarray_class, numpy_dtype_class, numpy_scalar,
@@ -276,7 +276,8 @@ class unpickler {
     py_class cls = py_class::builtin;  // the class a container, str or array was made as
     std::uint32_t cls_name = 0;        // object and enum_member: index in class_names_
     bool flag = false;        // bool value; tensor requires_grad; ndarray: built
-    std::int64_t i = 0;       // int; callable: fn; storage_type: dtype id (0: unsupported, untyped_storage); tensor/storage: side index
+    std::int64_t i = 0;       // int; callable: fn; storage_type: dtype id (0: unsupported; untyped_storage);
+                              // tensor/storage: side index
     double f = 0;
     std::string s;            // str, bytes; callable and storage_type: the global's full name
     std::vector<std::uint32_t> items;  // list, tuple; dict: key, value, key, value, ...
@@ -543,7 +544,8 @@ class unpickler {
     }
     fail("global " + ckpt::detail::printable(full) +
          " is not allowed (a checkpoint may only use collections.OrderedDict, the torch._utils tensor rebuild "
-         "functions, torch storage types (torch.storage.UntypedStorage too), torch.Size and torch dtypes, argparse.Namespace, set, frozenset, "
+         "functions, torch storage types (torch.storage.UntypedStorage too), torch.Size and torch dtypes, "
+         "argparse.Namespace, set, frozenset, "
          "collections.defaultdict, and numpy arrays, dtypes and scalars)");
   }
 
@@ -1161,9 +1163,9 @@ class unpickler {
 }  // namespace detail
 
 /// Unpickles `data` without running anything: only plain containers, numbers, strings, bytes
-/// and torch tensors (`_rebuild_tensor_v2`, `_rebuild_parameter`, `OrderedDict`, storage
-/// types) are accepted; anything else is a `corrupt` error naming `source`, the offset and the
-/// refused global or opcode. Tensors come back with their storage view and no bytes.
+/// and torch tensors (`_rebuild_tensor_v2`, torch >= 2.1's `_rebuild_tensor_v3`,
+/// `_rebuild_parameter`, `OrderedDict`, storage types) are accepted; anything else is a
+/// `corrupt` error naming `source`, the offset and the refused global or opcode. Tensors come back with their storage view and no bytes.
 ///
 /// @code
 /// auto pkl = zip.read("archive/data.pkl");
