@@ -13,7 +13,8 @@ TEST_CASE("dtype ids, names and sizes are stable") {
   const std::pair<dtype, std::pair<const char*, std::size_t>> table[] = {
       {dtype::f64, {"f64", 8}}, {dtype::f32, {"f32", 4}}, {dtype::f16, {"f16", 2}}, {dtype::bf16, {"bf16", 2}},
       {dtype::i64, {"i64", 8}}, {dtype::i32, {"i32", 4}}, {dtype::i16, {"i16", 2}}, {dtype::i8, {"i8", 1}},
-      {dtype::u8, {"u8", 1}},   {dtype::boolean, {"bool", 1}}};
+      {dtype::u8, {"u8", 1}},   {dtype::boolean, {"bool", 1}}, {dtype::u16, {"u16", 2}}, {dtype::u32, {"u32", 4}},
+      {dtype::u64, {"u64", 8}}, {dtype::f8_e4m3, {"f8_e4m3", 1}}, {dtype::f8_e5m2, {"f8_e5m2", 1}}};
   std::uint8_t id = 1;
   for (const auto& [t, info] : table) {
     CHECK(static_cast<std::uint8_t>(t) == id++);  // the on-disk ids of docs/format.md
@@ -22,11 +23,28 @@ TEST_CASE("dtype ids, names and sizes are stable") {
     CHECK(ckpt::dtype_from_string(info.first) == t);
     CHECK(ckpt::dtype_from_id(static_cast<std::uint8_t>(t)) == t);
   }
+  CHECK(id == ckpt::last_dtype_id + 1);  // the table lists every id
   CHECK_FALSE(ckpt::dtype_from_id(0));
-  CHECK_FALSE(ckpt::dtype_from_id(11));
+  CHECK_FALSE(ckpt::dtype_from_id(16));
+  CHECK_FALSE(ckpt::dtype_from_id(255));
   CHECK_FALSE(ckpt::dtype_from_string("float"));
+  CHECK_FALSE(ckpt::dtype_from_string("f8_e4m3fn"));  // torch's name, not ckpt's
   CHECK(ckpt::dtype_of<bool>::value == dtype::boolean);
   CHECK(ckpt::dtype_of<ckpt::bfloat16>::value == dtype::bf16);
+  CHECK(ckpt::dtype_of<std::uint16_t>::value == dtype::u16);
+  CHECK(ckpt::dtype_of<std::uint32_t>::value == dtype::u32);
+  CHECK(ckpt::dtype_of<std::uint64_t>::value == dtype::u64);
+  CHECK(ckpt::dtype_of<ckpt::float8_e4m3>::value == dtype::f8_e4m3);
+  CHECK(ckpt::dtype_of<ckpt::float8_e5m2>::value == dtype::f8_e5m2);
+  // FP8 is floating point (its values compare as numbers) but never converted.
+  for (auto t : {dtype::f64, dtype::f32, dtype::f16, dtype::bf16, dtype::f8_e4m3, dtype::f8_e5m2}) CHECK(ckpt::is_floating(t));
+  for (auto t : {dtype::i64, dtype::u64, dtype::u32, dtype::u16, dtype::u8, dtype::boolean}) CHECK_FALSE(ckpt::is_floating(t));
+  CHECK(ckpt::is_float8(dtype::f8_e4m3));
+  CHECK_FALSE(ckpt::is_float8(dtype::bf16));
+  const std::uint64_t big = std::numeric_limits<std::uint64_t>::max();
+  CHECK(ckpt::element_as_double(reinterpret_cast<const std::byte*>(&big), dtype::u64, 0) == 18446744073709551616.0);
+  const std::uint32_t u = 0xffffffffu;
+  CHECK(ckpt::element_as_double(reinterpret_cast<const std::byte*>(&u), dtype::u32, 0) == 4294967295.0);
 }
 
 TEST_CASE("float16 converts like IEEE binary16 with round to nearest even") {

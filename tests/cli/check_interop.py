@@ -698,5 +698,133 @@ def hostile_pickle_is_refused():
     check(not os.path.exists(os.path.join(tmp, "evil_root", "latest")), "something was committed")
 
 
+
+@case
+def new_dtypes_through_every_path():
+    # u16, u32, u64 (numpy has them; torch 1.13 does not) and the two FP8 formats (every bit
+    # pattern, NaNs included; compared as raw bytes): safetensors in, checkpoint, safetensors and
+    # .pt out, .pt back in, reshard, diff; --dtype refuses FP8.
+    arrays = {
+        "u16": numpy.array([0, 1, 0x7FFF, 0x8000, 0xFFFF], dtype="<u2"),
+        "u32": numpy.array([[0, 1, 2 ** 31], [2 ** 32 - 1, 7, 12345678]], dtype="<u4"),
+        "u64": numpy.array([0, 1, 2 ** 53 + 1, 2 ** 63, 2 ** 64 - 1], dtype="<u8"),
+        "wide.u32": numpy.arange(8 * 6, dtype="<u4").reshape(8, 6) * 0x01010101,
+        "f32": numpy.linspace(-1, 1, 6, dtype="<f4"),
+    }
+    raw = {k: (a.tobytes(), {"<u2": "U16", "<u4": "U32", "<u8": "U64", "<f4": "F32"}[a.dtype.str], list(a.shape))
+           for k, a in arrays.items()}
+    raw["fp8.e4m3"] = (bytes(range(256)), "F8_E4M3", [16, 16])
+    raw["fp8.e5m2"] = (bytes(range(255, -1, -1)), "F8_E5M2", [256])
+
+    def write(path, tensors):
+        header, data = {}, b""
+        for k, (b, dt, shape) in tensors.items():
+            header[k] = {"dtype": dt, "shape": shape, "data_offsets": [len(data), len(data) + len(b)]}
+            data += b
+        h = json.dumps(header).encode()
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + data)
+
+    def read(path):
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        header.pop("__metadata__", None)
+        return {k: (data[v["data_offsets"][0]:v["data_offsets"][1]], v["dtype"], v["shape"]) for k, v in header.items()}
+
+    src = os.path.join(tmp, "wide.safetensors")
+    write(src, raw)
+    root = os.path.join(tmp, "wide_root")
+    run("import", src, root)
+    j = json.loads(run("inspect", root, "--json").stdout)
+    types = {t["name"]: t["dtype"] for t in j["tensors"]}
+    check(types == {"u16": "u16", "u32": "u32", "u64": "u64", "wide.u32": "u32", "f32": "f32", "fp8.e4m3": "f8_e4m3",
+                    "fp8.e5m2": "f8_e5m2"}, types)
+    run("verify", root)
+    # safetensors out: the same bytes, dtypes and shapes; numpy reads the unsigned ones.
+    out = os.path.join(tmp, "wide_back.safetensors")
+    run("export", root, out, "--format", "safetensors")
+    back = read(out)
+    check(back == raw, sorted(k for k in raw if back.get(k) != raw[k]))
+    for k, a in arrays.items():
+        check(numpy.array_equal(numpy.frombuffer(back[k][0], dtype=a.dtype).reshape(a.shape), a), f"{k} differs in numpy")
+    # .pt out as torch >= 2.1 writes these dtypes: _rebuild_tensor_v3 over untyped byte storages.
+    # torch 1.13 cannot build them, so the pickle is read here with stand-ins for torch's
+    # callables, which record what torch would be asked to build.
+    pt = os.path.join(tmp, "wide.pt")
+    run("export", root, pt, "--format", "torch")
+    calls = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *args):
+            calls.append((self.name, args))
+            return (self.name, args)
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module, name):
+            allowed = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor_v3"),
+                       ("collections", "OrderedDict"), ("torch.storage", "UntypedStorage"), ("torch", "FloatStorage")}
+            if (module, name) in allowed or (module == "torch" and name in ("uint16", "uint32", "uint64", "float8_e4m3fn",
+                                                                            "float8_e5m2")):
+                return collections.OrderedDict if name == "OrderedDict" else Stub(f"{module}.{name}")
+            raise pickle.UnpicklingError(f"{module}.{name}")
+
+        def persistent_load(self, pid):
+            return pid
+
+    with zipfile.ZipFile(pt) as z:
+        prefix = z.namelist()[0].split("/")[0]
+        sd = Recorder(__import__("io").BytesIO(z.read(f"{prefix}/data.pkl"))).load()
+        want_dtype = {"u16": "uint16", "u32": "uint32", "u64": "uint64", "wide.u32": "uint32", "fp8.e4m3": "float8_e4m3fn",
+                      "fp8.e5m2": "float8_e5m2"}
+        check(sorted(sd) == sorted(raw), list(sd))
+        for k, (b, dt, shape) in raw.items():
+            fn, args = sd[k]
+            storage = args[0]
+            data = z.read(f"{prefix}/data/{storage[2]}")
+            if k == "f32":
+                check(fn == "torch._utils._rebuild_tensor_v2" and storage[1].name == "torch.FloatStorage", (k, fn))
+                continue
+            check(fn == "torch._utils._rebuild_tensor_v3" and len(args) == 7, (k, fn, len(args)))
+            check(storage[0] == "storage" and storage[1].name == "torch.storage.UntypedStorage" and storage[4] == len(b),
+                  (k, storage))
+            check(args[6].name == f"torch.{want_dtype[k]}", (k, args[6].name))
+            check(args[1] == 0 and list(args[2]) == shape and data == b, f"{k}: offset, shape or bytes differ")
+    # ... and ckpt reads its own .pt back to the same checkpoint.
+    again = os.path.join(tmp, "wide_again")
+    run("import", pt, again)
+    check(run("diff", root, again, "--no-config").stdout.rstrip().endswith("EQUAL"), "the .pt round trip differs")
+    # A tp change: the u32 weight split by rows over 2 ranks, bit-exact after.
+    split = os.path.join(tmp, "wide_tp2")
+    run("reshard", root, split, "--tp", "2", "--split", "wide.u32=0")
+    t = {x["name"]: x for x in json.loads(run("inspect", split, "--json").stdout)["tensors"]}
+    check(t["wide.u32"]["shards"] == 2 and t["wide.u32"]["dtype"] == "u32", t["wide.u32"])
+    check(run("diff", root, split, "--no-values").stdout.rstrip().endswith("EQUAL"), "reshard differs")
+    # diff tells FP8 bit patterns apart (one NaN made a finite value) and u64s beyond 2^53.
+    changed = dict(raw)
+    e4 = bytearray(raw["fp8.e4m3"][0])
+    e4[0x7F] = 0x7E  # NaN -> 448
+    changed["fp8.e4m3"] = (bytes(e4), "F8_E4M3", [16, 16])
+    u = arrays["u64"].copy()
+    u[2] -= 1  # 2^53: the same double as 2^53 + 1, other bits
+    changed["u64"] = (u.tobytes(), "U64", [5])
+    other = os.path.join(tmp, "wide_changed.safetensors")
+    write(other, changed)
+    other_root = os.path.join(tmp, "wide_changed_root")
+    run("import", other, other_root)
+    p = run("diff", root, other_root, expect=1)
+    rows = {l.split()[0]: l.split()[-1] for l in p.stdout.splitlines() if l and l.split()[0] in raw}
+    check(rows.get("fp8.e4m3") == "DIFFERENT" and rows.get("u64") == "DIFFERENT" and rows.get("u16") == "equal", p.stdout)
+    # --dtype converts floating tensors and refuses FP8 ones, naming the tensor and both dtypes.
+    p = run("export", root, os.path.join(tmp, "wide_bf16.safetensors"), "--format", "safetensors", "--dtype", "bf16",
+            expect=2)
+    check("fp8.e4m3" in p.stderr and "f8_e4m3" in p.stderr and "bf16" in p.stderr, p.stderr)
+    check(not os.path.exists(os.path.join(tmp, "wide_bf16.safetensors")), "a partial export was left")
+
+
 shutil.rmtree(tmp)
 h.finish()

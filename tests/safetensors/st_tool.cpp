@@ -6,6 +6,9 @@
 //   st_tool check PATH       reads a file or an index and checks it holds exactly the table's
 //                            tensors with the table's values; prints its metadata
 //   st_tool dump PATH        prints every tensor and metadata entry of a file or index
+//   st_tool copy IN OUT      reads safetensors file IN and writes its tensors and metadata to OUT
+//                            in the reference implementation's order (sort_by_alignment); OUT may
+//                            be IN itself
 //
 // The table and its values are defined identically in check_safetensors.py: element i of tensor
 // k comes from a 64-bit hash of (k, i), so both sides compute the same bytes independently.
@@ -95,6 +98,12 @@ std::vector<std::byte> expected_bytes(std::size_t k) {
       case dtype::i8:
       case dtype::u8: put(out, static_cast<std::uint8_t>(h)); break;
       case dtype::boolean: put(out, static_cast<std::uint8_t>((h >> 7) & 1)); break;
+      // Not in the table (torch 1.13, the cross-check's reference, lacks them; reference_cases.py
+      // covers them), but any bit pattern is a value.
+      case dtype::u16: put(out, static_cast<std::uint16_t>(h)); break;
+      case dtype::u32: put(out, static_cast<std::uint32_t>(h)); break;
+      case dtype::u64: put(out, h); break;
+      case dtype::f8_e4m3: case dtype::f8_e5m2: put(out, static_cast<std::uint8_t>(h)); break;
     }
   }
   return out;
@@ -237,15 +246,27 @@ int dump(const std::string& path) {
   return 0;
 }
 
+int copy(const std::string& in, const std::string& out) {
+  const st::safetensors_file f(in);
+  std::vector<st::tensor_decl> decls;
+  for (const auto& t : f.tensors()) decls.push_back({t.name, t.type, t.shape});
+  st::sort_by_alignment(decls);
+  st::safetensors_writer w(out, decls, f.metadata());
+  for (const auto& d : decls) w.write(d.name, f.read(d.name).data);
+  w.finish();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: st_tool write DIR | check PATH | dump PATH\n";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc != (mode == "copy" ? 4 : 3)) {
+    std::cerr << "usage: st_tool write DIR | check PATH | dump PATH | copy IN OUT\n";
     return 2;
   }
-  const std::string mode = argv[1];
   try {
+    if (mode == "copy") return copy(argv[2], argv[3]);
     if (mode == "write") return write(argv[2]);
     if (mode == "check") return check(argv[2]);
     if (mode == "dump") return dump(argv[2]);

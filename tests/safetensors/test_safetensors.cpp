@@ -87,13 +87,17 @@ void expect_corrupt(const test::temp_dir& dir, std::string_view bytes, std::init
 TEST_CASE("safetensors dtype names map both ways") {
   const std::vector<std::pair<dtype, std::string_view>> all{
       {dtype::f64, "F64"}, {dtype::f32, "F32"}, {dtype::f16, "F16"}, {dtype::bf16, "BF16"}, {dtype::i64, "I64"},
-      {dtype::i32, "I32"}, {dtype::i16, "I16"}, {dtype::i8, "I8"},   {dtype::u8, "U8"},     {dtype::boolean, "BOOL"}};
+      {dtype::i32, "I32"}, {dtype::i16, "I16"}, {dtype::i8, "I8"},   {dtype::u8, "U8"},     {dtype::boolean, "BOOL"},
+      {dtype::u16, "U16"}, {dtype::u32, "U32"}, {dtype::u64, "U64"}, {dtype::f8_e4m3, "F8_E4M3"},
+      {dtype::f8_e5m2, "F8_E5M2"}};
+  REQUIRE(all.size() == ckpt::last_dtype_id);  // every dtype has its name
   for (const auto& [t, name] : all) {
     CHECK(st::safetensors_dtype_name(t) == name);
     CHECK(st::dtype_from_safetensors(name) == t);
   }
   CHECK_FALSE(st::dtype_from_safetensors("f32"));
-  CHECK_FALSE(st::dtype_from_safetensors("U16"));
+  CHECK_FALSE(st::dtype_from_safetensors("F8_E4M3FN"));  // torch's name, not the format's
+  CHECK_FALSE(st::dtype_from_safetensors("F8_E8M0"));
   CHECK_FALSE(st::dtype_from_safetensors(""));
 }
 
@@ -113,7 +117,9 @@ TEST_CASE("safetensors round trip of every dtype, empty and 0-d tensors, metadat
       {"u8", dtype::u8, {3, 3}},         {"flags", dtype::boolean, {7}},
       {"scalar.f64", dtype::f64, {}},    {"scalar.bool", dtype::boolean, {}},
       {"empty", dtype::f32, {0}},        {"empty.3d", dtype::bf16, {2, 0, 3}},
-      {"after.empty", dtype::i16, {3}},
+      {"after.empty", dtype::i16, {3}},  {"u16", dtype::u16, {5}},
+      {"u32", dtype::u32, {2, 3}},       {"u64", dtype::u64, {4}},
+      {"fp8.e4m3", dtype::f8_e4m3, {256}}, {"fp8.e5m2", dtype::f8_e5m2, {16, 16}},
   };
   std::vector<std::pair<std::string, st::host_tensor>> tensors;
   std::uint64_t seed = 1;
@@ -694,8 +700,10 @@ TEST_CASE("safetensors reader refuses hostile files, naming the problem") {
                    {"tensor 'w'", "dtype is not a string"});
   }
   SUBCASE("a safetensors dtype ckpt cannot represent is a mismatch, not corruption") {
-    expect_corrupt(dir, raw_file(R"({"w":{"dtype":"U32","shape":[2],"data_offsets":[0,8]}})", eight),
-                   {"tensor 'w'", "dtype 'U32' is valid safetensors but has no ckpt dtype"}, error_kind::mismatch);
+    expect_corrupt(dir, raw_file(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", eight),
+                   {"tensor 'w'", "dtype 'C64' is valid safetensors but has no ckpt dtype"}, error_kind::mismatch);
+    expect_corrupt(dir, raw_file(R"({"w":{"dtype":"F8_E8M0","shape":[8],"data_offsets":[0,8]}})", eight),
+                   {"tensor 'w'", "dtype 'F8_E8M0' is valid safetensors but has no ckpt dtype"}, error_kind::mismatch);
   }
   SUBCASE("shape and offsets disagree") {
     expect_corrupt(dir, raw_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight),
@@ -717,6 +725,10 @@ TEST_CASE("safetensors reader refuses hostile files, naming the problem") {
     expect_corrupt(dir,
                    raw_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight),
                    {"tensor 'w'", "shape [4294967296, 4294967296] of F32 overflows 64 bits"});
+    // The product overflows before the zero is reached: refused, as the reference refuses it.
+    expect_corrupt(dir,
+                   raw_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", ""),
+                   {"tensor 'w'", "shape [4294967296, 4294967296, 0] of U8 overflows 64 bits of elements"});
     // The element count fits, the bytes do not.
     expect_corrupt(dir, raw_file(R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", eight),
                    {"tensor 'w'", "overflows 64 bits"});

@@ -101,6 +101,12 @@ host_tensor make(dtype type, ckpt::shape_t shape, std::uint64_t seed) {
       case dtype::i8: put(i, static_cast<std::int8_t>(k)); break;
       case dtype::u8: put(i, static_cast<std::uint8_t>(k + 125)); break;
       case dtype::boolean: put(i, static_cast<std::uint8_t>(k % 3 == 0)); break;
+      // Not in check_torch.py's files: torch 1.13, its reference, has no such dtypes
+      // (test_torch_pt.cpp and cli_interop check their .pt form).
+      case dtype::u16: put(i, static_cast<std::uint16_t>(k + 125)); break;
+      case dtype::u32: put(i, static_cast<std::uint32_t>(k + 125)); break;
+      case dtype::u64: put(i, static_cast<std::uint64_t>(k + 125)); break;
+      case dtype::f8_e4m3: case dtype::f8_e5m2: put(i, static_cast<std::uint8_t>(k + 125)); break;
     }
   }
   return t;

@@ -695,6 +695,103 @@ TEST_CASE("torch: writer and loader round-trip values, views and shared storages
   CHECK(r.at("meta").at("name").as_str() == "gpt");
 }
 
+/// `{'w': _rebuild_tensor_v3(('storage', torch.storage.UntypedStorage, '0', 'cpu', nbytes), offset,
+/// shape, stride, False, OrderedDict(), torch.<dtype>)}`, as torch >= 2.1 pickles the dtypes
+/// that have no storage class, written opcode by opcode.
+std::string tensor_v3_pickle(const std::string& dtype_name, std::uint64_t nbytes, std::uint64_t offset,
+                             const std::vector<std::uint64_t>& shape, const std::vector<std::uint64_t>& stride,
+                             const std::string& storage_global = "torch.storage\nUntypedStorage") {
+  return "\x80\x02}" + binunicode("w") + "ctorch._utils\n_rebuild_tensor_v3\n((" + binunicode("storage") + "c" +
+         storage_global + "\n" + binunicode("0") + binunicode("cpu") + long8(nbytes) + "tQ" + long8(offset) + dims(shape) +
+         dims(stride) + "\x89" "ccollections\nOrderedDict\n)R" "ctorch\n" + dtype_name + "\nt" "Rs.";
+}
+
+TEST_CASE("torch: u16, u32, u64 and FP8 tensors as torch >= 2.1 pickles them (_rebuild_tensor_v3)") {
+  test::temp_dir dir;
+  const auto path = dir.path() / "wide.pt";
+  std::vector<std::byte> fp8(256), u64s(5 * 8), u16s(6 * 2);
+  for (std::size_t i = 0; i < fp8.size(); ++i) fp8[i] = static_cast<std::byte>(i);
+  const std::uint64_t extremes[] = {0, 1, std::uint64_t{1} << 63, (std::uint64_t{1} << 53) + 1, ~std::uint64_t{0}};
+  std::memcpy(u64s.data(), extremes, sizeof extremes);
+  for (std::size_t i = 0; i < u16s.size(); ++i) u16s[i] = static_cast<std::byte>(0xf0 + i);
+  {
+    ckpt::interop::torch_writer w(path);
+    py_object e4 = w.add_tensor(dtype::f8_e4m3, {16, 16}, fp8);
+    py_tensor col = e4.as_tensor();  // e4[:, 3]: a view in elements of the tensor's dtype
+    col.value.shape = {16};
+    col.storage.offset = 3;
+    col.storage.stride = {16};
+    w.finish(py_object::dict({{"e4m3", e4}, {"e4m3.col", col}, {"e5m2", w.add_tensor(dtype::f8_e5m2, {256}, fp8)},
+                              {"u64", w.add_tensor(dtype::u64, {5}, u64s)}, {"u16", w.add_tensor(dtype::u16, {2, 3}, u16s)},
+                              {"u32", w.add_tensor(dtype::u32, {0}, {})}}));
+  }
+  ckpt::interop::zip_reader z(path);
+  const std::string pkl = text_of(z.read("archive/data.pkl"));
+  CHECK(contains(pkl, "torch._utils\n_rebuild_tensor_v3\n"));
+  CHECK(contains(pkl, "torch.storage\nUntypedStorage\n"));
+  CHECK(contains(pkl, "torch\nfloat8_e4m3fn\n"));
+  CHECK(contains(pkl, "torch\nfloat8_e5m2\n"));
+  CHECK(contains(pkl, "torch\nuint64\n"));
+  CHECK_FALSE(contains(pkl, "_rebuild_tensor_v2"));  // no dtype here has a storage class
+  CHECK(z.read("archive/data/2").size() == 40);       // the u64 record: 5 elements x 8 bytes
+
+  const py_object r = ckpt::interop::load_torch(path);
+  const auto& a = r.at("e4m3").as_tensor().value;
+  CHECK(a.type == dtype::f8_e4m3);
+  CHECK(a.shape == ckpt::shape_t{16, 16});
+  CHECK(a.data == fp8);
+  const auto& c = r.at("e4m3.col").as_tensor();
+  CHECK(c.storage.numel == 256);  // elements again, from the untyped storage's 256 bytes
+  for (std::size_t i = 0; i < 16; ++i) CHECK(c.value.data[i] == fp8[3 + 16 * i]);
+  CHECK(r.at("e5m2").as_tensor().value.type == dtype::f8_e5m2);
+  CHECK(r.at("e5m2").as_tensor().value.data == fp8);
+  CHECK(r.at("u64").as_tensor().value.type == dtype::u64);
+  CHECK(r.at("u64").as_tensor().value.data == u64s);
+  CHECK(r.at("u16").as_tensor().value.data == u16s);
+  CHECK(r.at("u16").as_tensor().value.shape == ckpt::shape_t{2, 3});
+  CHECK(r.at("u32").as_tensor().value.data.empty());
+
+  // What torch 2.x itself writes, byte for byte the same form, including a dtype with a storage
+  // class written the new way (torch does so for any dtype with a v3 rebuild).
+  write_pt(path, tensor_v3_pickle("uint32", 12, 1, {2}, {1}), {{"0", std::vector<std::byte>(12, std::byte{0xab})}});
+  const py_object back = ckpt::interop::load_torch(path);
+  const auto& u = back.at("w").as_tensor().value;
+  CHECK(u.type == dtype::u32);
+  CHECK(u.data == std::vector<std::byte>(8, std::byte{0xab}));
+  write_pt(path, tensor_v3_pickle("bfloat16", 4, 0, {2}, {1}), {{"0", std::vector<std::byte>(4)}});
+  CHECK(ckpt::interop::load_torch(path).at("w").as_tensor().value.type == dtype::bf16);
+}
+
+TEST_CASE("torch: hostile _rebuild_tensor_v3 pickles are refused, naming the problem") {
+  test::temp_dir dir;
+  const auto path = dir.path() / "bad3.pt";
+  auto expect = [&](ckpt::error_kind kind, std::initializer_list<const char*> needles) {
+    const auto e = catch_error([&] { ckpt::interop::load_torch(path); });
+    CHECK(e.kind() == kind);
+    CHECK(contains(e.what(), path.string()));
+    for (const char* n : needles) CHECK_MESSAGE(contains(e.what(), n), std::string(e.what()));
+  };
+  // An untyped storage whose bytes are not a whole number of elements.
+  write_pt(path, tensor_v3_pickle("uint32", 10, 0, {2}, {1}), {{"0", std::vector<std::byte>(10)}});
+  expect(ckpt::error_kind::corrupt, {"['w']", "untyped storage '0' of 10 bytes, not a multiple of 4"});
+  // A view past the storage's end, counted in elements of the dtype.
+  write_pt(path, tensor_v3_pickle("uint64", 16, 1, {2}, {1}), {{"0", std::vector<std::byte>(16)}});
+  expect(ckpt::error_kind::corrupt, {"['w']", "reaches element 2", "holds 2 elements"});
+  // A dtype ckpt has no dtype for, named as torch names it.
+  write_pt(path, tensor_v3_pickle("float8_e4m3fnuz", 2, 0, {2}, {1}), {{"0", std::vector<std::byte>(2)}});
+  expect(ckpt::error_kind::invalid_argument, {"tensor ['w']", "torch.float8_e4m3fnuz", "does not support", "float8_e4m3fn"});
+  // v3 over a typed storage, and v2 over an untyped one: neither is what torch writes.
+  write_pt(path, tensor_v3_pickle("uint8", 2, 0, {2}, {1}, "torch\nByteStorage"), {{"0", std::vector<std::byte>(2)}});
+  expect(ckpt::error_kind::corrupt, {"_rebuild_tensor_v3 needs a torch.storage.UntypedStorage"});
+  write_pt(path, tensor_pickle("UntypedStorage", 2, 0, {2}, {1}), {{"0", std::vector<std::byte>(2)}});  // torch.UntypedStorage
+  expect(ckpt::error_kind::corrupt, {"cannot type an untyped storage"});
+  // The dtype argument must be a torch dtype.
+  std::string not_dtype = tensor_v3_pickle("uint8", 2, 0, {2}, {1});
+  not_dtype.replace(not_dtype.find("ctorch\nuint8\n"), 13, binunicode("uint8"));
+  write_pt(path, not_dtype, {{"0", std::vector<std::byte>(2)}});
+  expect(ckpt::error_kind::corrupt, {"_rebuild_tensor_v3 needs a torch dtype"});
+}
+
 TEST_CASE("torch: ZIP64 and a custom archive folder load the same") {
   test::temp_dir dir;
   const auto path = dir.path() / "z.pt";

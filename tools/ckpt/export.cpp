@@ -39,7 +39,7 @@ std::vector<ckpt::interop::tensor_decl> exported(const ckpt::checkpoint_info& in
   for (const auto& t : info.tensors) {
     if (t.name.starts_with("__ckpt")) continue;  // ckpt's own (validation logits)
     if (!a.optimizer && (t.name == optimizer || t.name.starts_with(optimizer + "."))) continue;
-    out.push_back({t.name, a.dtype && ckpt::is_floating(t.type) ? *a.dtype : t.type, t.shape});
+    out.push_back({t.name, exported_dtype(t.name, t.type, a.dtype), t.shape});
   }
   if ((a.layout == "megatron" || a.layout == "deepspeed") && a.format != "torch")
     throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout " + a.layout + " is a .pt layout: use it with --format torch");
@@ -324,7 +324,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
         for (std::size_t d = 0; d < lo.size(); ++d) shape[d] = hi[d] - lo[d];
         const bool row = per_rank.count(ti.name) > 0;  // [1, ...] at [rank, ...]: the rank's own, without the first dimension
         ckpt::shape_t out_shape = row ? ckpt::shape_t(shape.begin() + 1, shape.end()) : shape;
-        const auto out_type = a.dtype && ckpt::is_floating(ti.type) ? *a.dtype : ti.type;  // --dtype, as in every export
+        const auto out_type = exported_dtype(ti.name, ti.type, a.dtype);  // --dtype, as in every export
         py_object node = w.begin_tensor(out_type, out_shape);
         stream_region(w, r, ti, lo, shape, out_type, a.block_bytes, bar, done);
         w.end_tensor();

@@ -874,6 +874,11 @@ int run_import(const import_args& a) {
     from_torch_tree(what.open(file), what);
   }
   if (what.tensors.empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, a.file + " holds no tensors");
+  // Before anything is written: a name ckpt cannot keep is the file's problem, so name the file.
+  for (const auto& [n, t] : what.tensors)
+    if (const auto why = ckpt::name_problem(n); !why.empty())
+      throw ckpt::error(ckpt::error_kind::invalid_argument,
+                        a.file + ": tensor " + ckpt::detail::printable(n) + " cannot be a ckpt name: " + why);
   if (!what.iteration) what.iteration = iteration_of_folder(fs::absolute(file));
   const std::uint64_t iteration = a.iteration.value_or(what.iteration.value_or(0));
   std::uint64_t bytes = 0;

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
                    "Output: a file (.safetensors, .pt or .bin), or a directory that gets Hugging Face's file names")->required();
   c_ex->add_option("--tag", ex.tag, "Tag of SRC to export instead of latest");
   c_ex->add_option("--format", ex.format, "safetensors or torch")->check(CLI::IsMember({"safetensors", "torch"}))->required();
-  c_ex->add_option("--dtype", ex_dtype, "Convert floating-point tensors to f32, bf16, f16 or f64")
+  c_ex->add_option("--dtype", ex_dtype, "Convert floating-point tensors to f32, bf16, f16 or f64 (an FP8 tensor is refused)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "f64", "float32", "bfloat16", "float16", "float64"}));
   c_ex->add_option("--max-shard-size", ex_shard, "Split the output into files of at most this size (e.g. 5GB, 500MB, 10GiB)");
   c_ex->add_flag("!--no-optimizer", ex.optimizer, "Leave the optimizer state out");

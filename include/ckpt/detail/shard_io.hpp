@@ -276,8 +276,9 @@ inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered&
   const auto n = r.count(16, "tensor");
   for (std::uint64_t i = 0; i < n; ++i) {
     auto name = r.string();
-    const auto dt = dtype_from_id(r.u8());
-    if (!dt) r.fail("unknown dtype");
+    const auto dt_id = r.u8();
+    const auto dt = dtype_from_id(dt_id);
+    if (!dt) r.fail("unknown dtype id " + std::to_string(static_cast<unsigned>(dt_id)) + " of tensor " + printable(name));
     auto shape = r.shape();
     auto global = r.shape();
     auto offset = r.shape();

@@ -145,14 +145,25 @@ class pickler {
     if (s.numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
         s.offset > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       throw error(error_kind::invalid_argument, "pickle: " + path_or_root(path) + ": storage too large");
-    global("torch._utils", "_rebuild_tensor_v2");
+    // A dtype with a legacy storage class (FloatStorage, ...) pickles as torch.save has always
+    // written it; the others (u16, u32, u64, FP8) as torch >= 2.1 writes them: an untyped
+    // storage of bytes, typed by _rebuild_tensor_v3's last argument. torch 1.x cannot read those.
+    const auto storage_class = torch_storage_name(t.value.type);
+    const bool v3 = storage_class.empty();
+    const std::uint64_t es = size_of(t.value.type);
+    if (v3 && s.numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / es)
+      throw error(error_kind::invalid_argument, "pickle: " + path_or_root(path) + ": storage too large");
+    global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
     put(op::MARK);
     put(op::MARK);
     str("storage", path);
-    global("torch", torch_storage_name(t.value.type));
+    if (v3)
+      global("torch.storage", "UntypedStorage");
+    else
+      global("torch", storage_class);
     str(s.key, path);
     str(s.location, path);
-    integer(static_cast<std::int64_t>(s.numel));
+    integer(static_cast<std::int64_t>(v3 ? s.numel * es : s.numel));  // an untyped storage counts bytes
     put(op::TUPLE);
     memoize();
     put(op::BINPERSID);
@@ -164,6 +175,7 @@ class pickler {
     put(op::EMPTY_TUPLE);
     put(op::REDUCE);
     memoize();
+    if (v3) global("torch", torch_dtype_name(t.value.type));
     put(op::TUPLE);
     memoize();
     put(op::REDUCE);

@@ -537,7 +537,9 @@ inline std::string view_problem(const py_tensor& t) {
   return {};
 }
 
-/// The torch storage class of each ckpt dtype, as pickles name it ("FloatStorage").
+/// The torch storage class of each ckpt dtype, as pickles name it ("FloatStorage"); empty for
+/// the dtypes torch has no such class for (u16, u32, u64 and FP8: torch >= 2.1 pickles their
+/// tensors with `_rebuild_tensor_v3` over a `torch.storage.UntypedStorage`).
 constexpr std::string_view torch_storage_name(dtype t) noexcept {
   switch (t) {
     case dtype::f64: return "DoubleStorage";
@@ -550,13 +552,50 @@ constexpr std::string_view torch_storage_name(dtype t) noexcept {
     case dtype::i8: return "CharStorage";
     case dtype::u8: return "ByteStorage";
     case dtype::boolean: return "BoolStorage";
+    case dtype::u16: case dtype::u32: case dtype::u64: case dtype::f8_e4m3: case dtype::f8_e5m2: return "";
   }
   return "";
 }
 /// The dtype of a torch storage class name, or nothing for the ones ckpt lacks (complex, quantized).
 inline std::optional<dtype> dtype_of_torch_storage(std::string_view name) noexcept {
-  for (std::uint8_t id = 1; id <= 10; ++id)
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t id = 1; id <= last_dtype_id; ++id)
     if (torch_storage_name(static_cast<dtype>(id)) == name) return static_cast<dtype>(id);
+  return std::nullopt;
+}
+/// The name of the `torch.dtype` of each ckpt dtype ("float32", "bfloat16", "uint16",
+/// "float8_e4m3fn", ...), as a pickle names it after `torch.`.
+constexpr std::string_view torch_dtype_name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f64: return "float64";
+    case dtype::f32: return "float32";
+    case dtype::f16: return "float16";
+    case dtype::bf16: return "bfloat16";
+    case dtype::i64: return "int64";
+    case dtype::i32: return "int32";
+    case dtype::i16: return "int16";
+    case dtype::i8: return "int8";
+    case dtype::u8: return "uint8";
+    case dtype::boolean: return "bool";
+    case dtype::u16: return "uint16";
+    case dtype::u32: return "uint32";
+    case dtype::u64: return "uint64";
+    case dtype::f8_e4m3: return "float8_e4m3fn";
+    case dtype::f8_e5m2: return "float8_e5m2";
+  }
+  return "";
+}
+/// The ckpt dtype of a `torch.dtype` name, or nothing for the ones ckpt lacks (complex,
+/// quantized, the fnuz and e8m0 float8 formats). torch's aliases (`float`, `half`, `long`, ...)
+/// are accepted too.
+inline std::optional<dtype> dtype_of_torch_dtype(std::string_view name) noexcept {
+  static constexpr std::pair<std::string_view, dtype> aliases[] = {
+      {"double", dtype::f64}, {"float", dtype::f32}, {"half", dtype::f16},
+      {"long", dtype::i64},   {"int", dtype::i32},   {"short", dtype::i16}};
+  for (const auto& [alias, t] : aliases)
+    if (alias == name) return t;
+  for (std::uint8_t id = 1; id <= last_dtype_id; ++id)
+    if (torch_dtype_name(static_cast<dtype>(id)) == name) return static_cast<dtype>(id);
   return std::nullopt;
 }
 

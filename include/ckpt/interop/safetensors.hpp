@@ -67,7 +67,7 @@ using ckpt::detail::printable;
 inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
 
 /// The safetensors name of a dtype: "F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
-/// "U8", "BOOL".
+/// "U8", "BOOL", "U16", "U32", "U64", "F8_E4M3" (torch.float8_e4m3fn), "F8_E5M2".
 ///
 /// @code
 /// assert(ckpt::interop::safetensors_dtype_name(ckpt::dtype::bf16) == "BF16");
@@ -84,6 +84,11 @@ constexpr std::string_view safetensors_dtype_name(dtype t) noexcept {
     case dtype::i8: return "I8";
     case dtype::u8: return "U8";
     case dtype::boolean: return "BOOL";
+    case dtype::u16: return "U16";
+    case dtype::u32: return "U32";
+    case dtype::u64: return "U64";
+    case dtype::f8_e4m3: return "F8_E4M3";
+    case dtype::f8_e5m2: return "F8_E5M2";
   }
   return "unknown";
 }
@@ -94,7 +99,7 @@ constexpr std::string_view safetensors_dtype_name(dtype t) noexcept {
 /// auto t = ckpt::interop::dtype_from_safetensors("F16");  // ckpt::dtype::f16
 /// @endcode
 constexpr std::optional<dtype> dtype_from_safetensors(std::string_view name) noexcept {
-  for (std::uint8_t id = 1; id <= 10; ++id)
+  for (std::uint8_t id = 1; id <= last_dtype_id; ++id)
     if (safetensors_dtype_name(static_cast<dtype>(id)) == name) return static_cast<dtype>(id);
   return std::nullopt;
 }
@@ -156,22 +161,28 @@ struct safetensors_entry {
 /// ckpt::interop::safetensors_writer w("model.safetensors", decls);
 /// @endcode
 inline void sort_by_alignment(std::vector<tensor_decl>& decls) {
-  // The reference orders its Dtype enum by alignment, BOOL U8 I8 I16 F16 BF16 I32 F32 F64 I64
-  // (for the dtypes ckpt has), and sorts by that enum descending, then by name.
+  // The reference orders its Dtype enum by alignment, BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 F16
+  // BF16 I32 U32 F32 F64 I64 U64 (for the dtypes ckpt has), and sorts by that enum descending,
+  // then by name.
   const auto rank = [](dtype t) {
     switch (t) {
       case dtype::boolean: return 0;
       case dtype::u8: return 1;
       case dtype::i8: return 2;
-      case dtype::i16: return 3;
-      case dtype::f16: return 4;
-      case dtype::bf16: return 5;
-      case dtype::i32: return 6;
-      case dtype::f32: return 7;
-      case dtype::f64: return 8;
-      case dtype::i64: return 9;
+      case dtype::f8_e5m2: return 3;
+      case dtype::f8_e4m3: return 4;
+      case dtype::i16: return 5;
+      case dtype::u16: return 6;
+      case dtype::f16: return 7;
+      case dtype::bf16: return 8;
+      case dtype::i32: return 9;
+      case dtype::u32: return 10;
+      case dtype::f32: return 11;
+      case dtype::f64: return 12;
+      case dtype::i64: return 13;
+      case dtype::u64: return 14;
     }
-    return 10;
+    return 15;
   };
   std::stable_sort(decls.begin(), decls.end(), [&](const tensor_decl& a, const tensor_decl& b) {
     if (rank(a.type) != rank(b.type)) return rank(a.type) > rank(b.type);
@@ -914,7 +925,7 @@ inline void pread_all(int fd, std::span<std::byte> out, std::uint64_t offset, co
 /// whose byte size fits 64 bits and equals its data_offsets range; the ranges inside the data
 /// buffer, not overlapping and covering it without holes; `__metadata__` of strings only. Every
 /// violation is a `ckpt::error` of kind `corrupt` whose message names the file, the tensor and
-/// the values. A dtype that safetensors defines but ckpt lacks (U16, F8_E4M3, ...) is kind
+/// the values. A dtype that safetensors defines but ckpt lacks (F8_E8M0, F4, C64, ...) is kind
 /// `mismatch`: the file is sound, ckpt cannot represent it.
 ///
 /// Reads use pread on the descriptor held open, so they may run concurrently and never map
@@ -1129,9 +1140,8 @@ class safetensors_file {
       t.type = *d;
     } else {
       // The reference implementation's other dtypes (it has no C128).
-      static constexpr std::string_view other_known[] = {"U16",     "U32",         "U64",         "F8_E4M3", "F8_E5M2",
-                                                         "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",      "F6_E2M3",
-                                                         "F6_E3M2", "C64"};
+      static constexpr std::string_view other_known[] = {"F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",
+                                                         "F6_E2M3", "F6_E3M2",     "C64"};
       if (std::find(std::begin(other_known), std::end(other_known), dname) != std::end(other_known))
         throw error(error_kind::mismatch, path_ + ": " + who + ": dtype " + detail::printable(dname) +
                                               " is valid safetensors but has no ckpt dtype");
@@ -1150,15 +1160,18 @@ class safetensors_file {
     t.end = (*offsets)[1].GetUint64();
     if (t.end < t.begin)
       throw fail("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] end before they begin");
-    // Elements first, as the reference counts them: a zero dimension makes any shape empty.
-    std::uint64_t bytes = size_of(t.type);
-    if (std::find(t.shape.begin(), t.shape.end(), std::uint64_t{0}) != t.shape.end()) bytes = 0;
+    // Elements first, dimension by dimension, as the reference counts them: a zero dimension
+    // empties the shape however large the others ([2^62, 0] holds no bytes), but a product that
+    // overflows before the zero is reached is refused, as the reference refuses it.
+    std::uint64_t elements = 1;
     for (auto d : t.shape) {
-      if (bytes == 0) break;
-      if (bytes > std::numeric_limits<std::uint64_t>::max() / d)
-        throw fail("shape " + detail::shape_text(t.shape) + " of " + dname + " overflows 64 bits of bytes");
-      bytes *= d;
+      if (d != 0 && elements > std::numeric_limits<std::uint64_t>::max() / d)
+        throw fail("shape " + detail::shape_text(t.shape) + " of " + dname + " overflows 64 bits of elements");
+      elements *= d;
     }
+    if (elements > std::numeric_limits<std::uint64_t>::max() / size_of(t.type))
+      throw fail("shape " + detail::shape_text(t.shape) + " of " + dname + " overflows 64 bits of bytes");
+    const std::uint64_t bytes = elements * size_of(t.type);
     if (bytes != t.nbytes())
       throw fail("shape " + detail::shape_text(t.shape) + " of " + dname + " needs " + std::to_string(bytes) +
                  " bytes but data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] span " +

@@ -261,8 +261,8 @@ class unpickler {
     ndarray  // a numpy array until its BUILD: items {dtype node, shape tuple node}, s its bytes
   };
   enum class fn : std::uint8_t {
-    ordered_dict, rebuild_tensor_v2, rebuild_tensor, rebuild_parameter, rebuild_parameter_with_state, codecs_encode,
-    empty_bytes,
+    ordered_dict, rebuild_tensor_v2, rebuild_tensor_v3, rebuild_tensor, rebuild_parameter, rebuild_parameter_with_state,
+    codecs_encode, empty_bytes,
     // classes and functions of plain data (the writers' args, RNG states and bookkeeping)
     namespace_class, set_class, frozenset_class, defaultdict_class, torch_size_class, object_class, copyreg_reconstructor,
     numpy_reconstruct, numpy_ndarray_class, numpy_dtype_class, numpy_scalar,
@@ -276,7 +276,8 @@ class unpickler {
     py_class cls = py_class::builtin;  // the class a container, str or array was made as
     std::uint32_t cls_name = 0;        // object and enum_member: index in class_names_
     bool flag = false;        // bool value; tensor requires_grad; ndarray: built
-    std::int64_t i = 0;       // int; callable: fn; storage_type: dtype id (0: unsupported); tensor/storage: side index
+    std::int64_t i = 0;       // int; callable: fn; storage_type: dtype id (0: unsupported; untyped_storage);
+                              // tensor/storage: side index
     double f = 0;
     std::string s;            // str, bytes; callable and storage_type: the global's full name
     std::vector<std::uint32_t> items;  // list, tuple; dict: key, value, key, value, ...
@@ -286,8 +287,12 @@ class unpickler {
     std::string key, location;
     std::uint64_t numel = 0;
   };
+  // storage_type's i for torch.storage.UntypedStorage: bytes, typed by the tensor (_rebuild_tensor_v3).
+  static constexpr std::int64_t untyped_storage = -1;
   struct ptensor {
     std::uint32_t storage = 0;  // storage node
+    std::uint8_t type = 0;      // _rebuild_tensor_v3's dtype id; 0: the storage type's
+    std::string other_dtype;    // _rebuild_tensor_v3's dtype when ckpt has none for it ("complex64")
     std::uint64_t offset = 0;
     shape_t shape;
     std::vector<std::uint64_t> stride;
@@ -479,6 +484,7 @@ class unpickler {
     });
     if (full == "collections.OrderedDict") return callable(fn::ordered_dict);
     if (full == "torch._utils._rebuild_tensor_v2") return callable(fn::rebuild_tensor_v2);
+    if (full == "torch._utils._rebuild_tensor_v3") return callable(fn::rebuild_tensor_v3);
     if (full == "torch._utils._rebuild_tensor") return callable(fn::rebuild_tensor);
     if (full == "torch._utils._rebuild_parameter") return callable(fn::rebuild_parameter);
     if (full == "torch._utils._rebuild_parameter_with_state") return callable(fn::rebuild_parameter_with_state);
@@ -519,6 +525,14 @@ class unpickler {
       nodes_[n].s = name;
       return n;
     }
+    // torch >= 2.1 stores the dtypes that have no legacy storage class (uint16 and wider
+    // unsigned, float8) as an untyped storage of bytes that _rebuild_tensor_v3 types.
+    if (full == "torch.storage.UntypedStorage" || full == "torch.UntypedStorage") {
+      const auto n = make(pk::storage_type);
+      nodes_[n].i = untyped_storage;
+      nodes_[n].s = full;
+      return n;
+    }
     // A storage class is only a type tag inside a persistent id; it is never called. Classes
     // ckpt has no dtype for (complex, quantized) are kept so the error can name the tensor.
     if (module == "torch" && word && name.ends_with("Storage") && name != "Storage") {
@@ -530,7 +544,8 @@ class unpickler {
     }
     fail("global " + ckpt::detail::printable(full) +
          " is not allowed (a checkpoint may only use collections.OrderedDict, the torch._utils tensor rebuild "
-         "functions, torch storage types, torch.Size and torch dtypes, argparse.Namespace, set, frozenset, "
+         "functions, torch storage types (torch.storage.UntypedStorage too), torch.Size and torch dtypes, "
+         "argparse.Namespace, set, frozenset, "
          "collections.defaultdict, and numpy arrays, dtypes and scalars)");
   }
 
@@ -561,6 +576,15 @@ class unpickler {
     if (it != class_names_.end()) return static_cast<std::uint32_t>(it - class_names_.begin());
     class_names_.push_back(full);
     return static_cast<std::uint32_t>(class_names_.size() - 1);
+  }
+
+  static std::string supported_torch_dtypes() {
+    std::string out;
+    for (std::uint8_t id = 1; id <= last_dtype_id; ++id) {
+      if (!out.empty()) out += ", ";
+      out += torch_dtype_name(static_cast<dtype>(id));
+    }
+    return out;
   }
 
   static bool is_torch_dtype_name(std::string_view name) {
@@ -931,13 +955,27 @@ class unpickler {
       case fn::numpy_scalar: return numpy_scalar(args, name);
       case fn::numpy_ndarray_class: case fn::object_class: case fn::factory_type:
         fail(name + " may not be called here");
-      case fn::rebuild_tensor: case fn::rebuild_tensor_v2: {
-        // (storage, storage_offset, size, stride[, requires_grad, backward_hooks[, metadata]])
+      case fn::rebuild_tensor: case fn::rebuild_tensor_v2: case fn::rebuild_tensor_v3: {
+        // (storage, storage_offset, size, stride[, requires_grad, backward_hooks[, metadata]]);
+        // v3: (storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
         if (f == fn::rebuild_tensor) arity(name, args.size(), 4, 4);
-        else arity(name, args.size(), 6, 7);
+        else if (f == fn::rebuild_tensor_v2) arity(name, args.size(), 6, 7);
+        else arity(name, args.size(), 7, 8);
         if (nodes_[args[0]].kind != pk::storage) fail(name + " needs a storage, not a " + describe(args[0]));
+        const bool untyped = nodes_[storages_[static_cast<std::size_t>(nodes_[args[0]].i)].type].i == untyped_storage;
+        if (untyped != (f == fn::rebuild_tensor_v3))
+          fail(untyped ? name + " cannot type an untyped storage (only torch._utils._rebuild_tensor_v3 does)"
+                       : name + " needs a torch.storage.UntypedStorage, not a typed storage");
         ptensor t;
         t.storage = args[0];
+        if (f == fn::rebuild_tensor_v3) {
+          const auto& d = nodes_[args[6]];
+          if (d.kind != pk::string || d.cls != py_class::torch_dtype) fail(name + " needs a torch dtype, not a " + describe(args[6]));
+          if (const auto dt = dtype_of_torch_dtype(d.s))
+            t.type = static_cast<std::uint8_t>(*dt);
+          else
+            t.other_dtype = d.s;  // refused when the tensor is converted, naming its path
+        }
         t.offset = arg_uint(args[1], "storage offset");
         t.shape = arg_dims(args[2], "tensor size");
         t.stride = arg_dims(args[3], "tensor stride");
@@ -949,8 +987,9 @@ class unpickler {
           requires_grad = arg_bool(args[4], "requires_grad");
           if (nodes_[args[5]].kind != pk::dict) fail("backward hooks must be a dict, not a " + describe(args[5]));
         }
-        if (args.size() == 7 && nodes_[args[6]].kind != pk::none && nodes_[args[6]].kind != pk::dict)
-          fail("tensor metadata must be None or a dict, not a " + describe(args[6]));
+        const std::size_t meta = f == fn::rebuild_tensor_v3 ? 7 : 6;
+        if (args.size() == meta + 1 && nodes_[args[meta]].kind != pk::none && nodes_[args[meta]].kind != pk::dict)
+          fail("tensor metadata must be None or a dict, not a " + describe(args[meta]));
         tensors_.push_back(std::move(t));
         const auto n = make(pk::tensor);
         nodes_[n].i = static_cast<std::int64_t>(tensors_.size() - 1);
@@ -1077,12 +1116,24 @@ class unpickler {
     if (type.i == 0)
       throw error(error_kind::invalid_argument,
                   source_ + ": tensor " + path_or_root(path) + " has storage type " + ckpt::detail::printable(type.s) +
-                      ", a dtype ckpt does not support (supported: float64, float32, float16, bfloat16, int64, int32, "
-                      "int16, int8, uint8, bool)");
+                      ", a dtype ckpt does not support (supported: " + supported_torch_dtypes() + ")");
+    if (!t.other_dtype.empty())
+      throw error(error_kind::invalid_argument, source_ + ": tensor " + path_or_root(path) + " has dtype torch." +
+                                                    t.other_dtype + ", which ckpt does not support (supported: " +
+                                                    supported_torch_dtypes() + ")");
     py_tensor out;
-    out.value.type = static_cast<dtype>(type.i);
+    out.value.type = static_cast<dtype>(t.type ? t.type : type.i);
     out.value.shape = t.shape;
-    out.storage = torch_storage{s.key, s.numel, s.location, t.offset, t.stride};
+    std::uint64_t numel = s.numel;
+    if (type.i == untyped_storage) {  // bytes: a whole number of the tensor's elements
+      const auto es = size_of(out.value.type);
+      if (numel % es != 0)
+        fail_at(path, "tensor of dtype " + std::string(to_string(out.value.type)) + " has an untyped storage " +
+                          ckpt::detail::printable(s.key) + " of " + std::to_string(numel) + " bytes, not a multiple of " +
+                          std::to_string(es));
+      numel /= es;
+    }
+    out.storage = torch_storage{s.key, numel, s.location, t.offset, t.stride};
     out.requires_grad = nodes_[n].flag;
     if (auto p = view_problem(out); !p.empty()) fail_at(path, "tensor " + p);
     return py_object(std::move(out));
@@ -1112,9 +1163,9 @@ class unpickler {
 }  // namespace detail
 
 /// Unpickles `data` without running anything: only plain containers, numbers, strings, bytes
-/// and torch tensors (`_rebuild_tensor_v2`, `_rebuild_parameter`, `OrderedDict`, storage
-/// types) are accepted; anything else is a `corrupt` error naming `source`, the offset and the
-/// refused global or opcode. Tensors come back with their storage view and no bytes.
+/// and torch tensors (`_rebuild_tensor_v2`, torch >= 2.1's `_rebuild_tensor_v3`,
+/// `_rebuild_parameter`, `OrderedDict`, storage types) are accepted; anything else is a
+/// `corrupt` error naming `source`, the offset and the refused global or opcode. Tensors come back with their storage view and no bytes.
 ///
 /// @code
 /// auto pkl = zip.read("archive/data.pkl");
