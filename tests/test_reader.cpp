@@ -111,6 +111,54 @@ TEST_CASE("reader: what a tag holds, tensors whole and sliced, value bytes") {
   CHECK(e.kind() == ckpt::error_kind::not_found);
 }
 
+TEST_CASE("reader::read_validation_logits: the saved logits, chunk by chunk, verified") {
+  test::temp_dir dir;
+  small_state s;
+  std::vector<float> logits(6 * 5);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::zstd> cp{{}, dir.path(), {.chunk_bytes = 40}};
+  cp.save(3, s, {.validation_logits = ckpt::view(logits, {6, 5})});
+
+  ckpt::reader r{ckpt::posix(dir.path())};
+  const auto* info = r.validation_logits();
+  REQUIRE(info != nullptr);
+  CHECK(info->shape == ckpt::shape_t{6, 5});
+  const auto chunks = r.chunks(info->name);
+  CHECK(chunks.size() > 1);  // several chunks, placed by their offsets
+  std::vector<float> back(logits.size(), -1.0f);
+  r.read_validation_logits(ckpt::view(back, {6, 5}));
+  CHECK(back == logits);
+  std::vector<float> wrong(logits.size());
+  CHECK_THROWS_WITH_AS(r.read_validation_logits(ckpt::view(wrong, {5, 6})), doctest::Contains("validation logits are f32 [6, 5]"), ckpt::error);
+
+  // A byte of a logits chunk flipped: refused as corrupt, naming the file and the chunk.
+  const auto& c = chunks.back();
+  {
+    std::fstream f(dir.path() / "global_step3" / c.file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(c.file_offset));
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(c.file_offset));
+    f.write(&b, 1);
+  }
+  try {
+    r.read_validation_logits(ckpt::view(back, {6, 5}));
+    FAIL("a damaged chunk was read");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(mentions(e.what(), "validation logits, chunk at offset " + std::to_string(c.file_offset)));
+    CHECK(mentions(e.what(), c.file));
+  }
+
+  // A tag without logits says so.
+  test::temp_dir plain;
+  ckpt::checkpointer<ckpt::single_process, ckpt::posix>{{}, plain.path()}.save(1, s);
+  ckpt::reader none{ckpt::posix(plain.path())};
+  CHECK(none.validation_logits() == nullptr);
+  CHECK_THROWS_AS(none.read_validation_logits(ckpt::view(back, {6, 5})), ckpt::error);
+}
+
 TEST_CASE("reader::verify reports every problem: damaged chunks, values and files") {
   test::temp_dir dir;
   auto errors = on_ranks(3, [&](ckpt::in_process comm, std::uint32_t r) {

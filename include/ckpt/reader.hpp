@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "detail/coverage.hpp"
 #include "detail/hash.hpp"
 #include "detail/metadata.hpp"
+#include "detail/region.hpp"
 #include "detail/shard_io.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
@@ -190,6 +192,52 @@ class reader {
     }
     some_tensors state{&targets};
     cp_->load(state, {.tag = info_.tag, .strict = false, .on_topology_change = topology_change::keep_live});
+  }
+
+  /// The tag's validation logits (saved with `save_options::validation_logits`), or nullptr.
+  /// They are ckpt's own tensor, which `read` does not reach: read them with
+  /// `read_validation_logits`.
+  const tensor_info* validation_logits() const { return find(detail::validation_name); }
+
+  /// Fills `out`, a host tensor of the logits' dtype and shape, with the tag's validation
+  /// logits, every chunk's checksum verified (a tool moving a checkpoint to another format
+  /// carries them with it; a training run compares them with `load_options::validation_logits`).
+  ///
+  /// @code
+  /// if (const auto* l = r.validation_logits()) {
+  ///   std::vector<float> logits(l->raw_bytes / sizeof(float));  // when l->type == ckpt::dtype::f32
+  ///   r.read_validation_logits(ckpt::view(logits, l->shape));
+  /// }
+  /// @endcode
+  void read_validation_logits(tensor_ref out) {
+    const auto* info = validation_logits();
+    if (!info) throw error(error_kind::not_found, md_name_ + " holds no validation logits");
+    const auto& t = stored(detail::validation_name);
+    if (out.type() != t.type || out.shape() != t.shape || (out.shard() && !out.shard()->replicated) || out.where().type != device::kind::host)
+      throw error(error_kind::mismatch, "validation logits are " + std::string(to_string(t.type)) + " " + detail::to_string(t.shape) + " in " +
+                                            md_name_ + ", the buffer given is " + std::string(to_string(out.type())) + " " +
+                                            detail::to_string(out.shape()) + (out.where().type != device::kind::host ? " off the host" : ""));
+    detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
+                         error_kind::corrupt, md_name_ + ": ");
+    auto& st = cp_->storage();
+    const auto& c = t.chunks;
+    const auto elem = size_of(t.type);
+    const shape_t origin(t.shape.size(), 0);
+    std::vector<std::byte> stored_bytes, decoded;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      const auto key = info_.tag + "/" + md_.files[c.file[i]].path;
+      const auto where = st.describe(key) + ", validation logits, chunk at offset " + std::to_string(c.file_offset[i]);
+      stored_bytes.resize(c.stored_size[i]);
+      st.read(key, c.file_offset[i], stored_bytes);
+      if (const auto h = detail::xxh3(stored_bytes); h != c.xxh3[i])
+        throw error(error_kind::corrupt, where + ": checksum " + detail::to_hex(h) + ", metadata recorded " + detail::to_hex(c.xxh3[i]));
+      decoded.resize(c.elements(i) * elem);
+      decode_builtin(c.codec[i], stored_bytes, t.type, decoded, where);
+      const auto off = c.offset(i), shp = c.shape(i);
+      detail::for_each_overlap_run({off, shp}, {origin, t.shape}, elem, [&](std::uint64_t d, std::uint64_t s, std::uint64_t n) {
+        std::memcpy(out.data() + d, decoded.data() + s, n);
+      });
+    }
   }
 
   /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.

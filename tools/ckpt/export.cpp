@@ -291,6 +291,12 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
     else
       args.set(key, python_value(text));
   }
+  // GPT-NeoX's client state carries the validation logits in every rank's file.
+  std::optional<ckpt::interop::host_tensor> logits;
+  if (const auto* l = r.validation_logits(); l && deepspeed) {
+    logits.emplace(ckpt::interop::host_tensor{l->type, l->shape, std::vector<std::byte>(static_cast<std::size_t>(l->raw_bytes))});
+    r.read_validation_logits(logits->ref());
+  }
   const fs::path root = a.out;
   char tag[32];
   std::snprintf(tag, sizeof tag, deepspeed ? "global_step%llu" : "iter_%07llu", static_cast<unsigned long long>(info.iteration));
@@ -382,6 +388,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
                                {"iteration", static_cast<std::int64_t>(info.iteration)},
                                {"args", args}});
         if (!optimizer.entries().empty()) top.set("optimizer", optimizer);
+        if (logits) top.set("checkpoint_validation_logits", w.add_tensor(*logits));
         for (auto& [k, v] : extra.entries()) top.set(k, v);
       } else {
         top = py_object::dict({{"args", py_object(args).with_class(ckpt::interop::py_class::argparse_namespace)},
