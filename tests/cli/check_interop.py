@@ -600,7 +600,7 @@ def neox_pipeline_with_zero_imports():
     # rank), mp_rank_XX files (XX = stage * tp + tp rank) without the module, and each rank's
     # optimizer cut into dp partitions (deepspeed_writer.py says how).
     model = dsw.neox_pipeline_model(11)
-    want = dsw.expected(model)
+    want = want_all = dsw.expected(model)
     for label, kw in (("zero2", {}), ("zero1-bf16", {"stage": 1, "bf16": True}), ("elastic", {"elastic": True})):
         src = os.path.join(tmp, f"neox_pipe_{label}")
         dsw.write(src, model, 2, 2, 2, 400, **kw)
@@ -622,6 +622,39 @@ def neox_pipeline_with_zero_imports():
             for k, v in want.items():
                 check(k in sd and same(sd[k], v), f"{label} {r}: {k} is not the global tensor")
             os.remove(out)
+    # And back, as DeepSpeed's PipelineEngine loads it: the same layer files (each layer's
+    # state dict per tp rank), mp_rank_XX files with module None and the client state; the
+    # optimizer is listed as not written (ZeRO partitions are not exported yet).
+    root = os.path.join(tmp, "from_neox_pipe_zero2")
+    src_tag = os.path.join(tmp, "neox_pipe_zero2", "global_step400")
+    back = os.path.join(tmp, "neox_pipe_back")
+    p = run("export", root, back, "--format", "torch", "--layout", "deepspeed")
+    check("left out 68 optimizer tensors" in p.stderr and "no_load_optim" in p.stderr, p.stderr)
+    with open(os.path.join(back, "latest")) as f:
+        check(f.read().strip() == "global_step400", "latest")
+    names = sorted(os.listdir(os.path.join(back, "global_step400")))
+    want_names = sorted(n for n in os.listdir(src_tag) if not n.startswith("zero_pp_rank"))
+    check(names == want_names, names)
+    for n in want_names:
+        want, got = torch.load(os.path.join(src_tag, n)), torch.load(os.path.join(back, "global_step400", n))
+        if n.startswith("layer_"):
+            check(list(got) == list(want) or sorted(got) == sorted(want), f"{n}: keys {list(got)}")
+            for k, v in want.items():
+                check(same(got[k], v), f"{n}: {k} differs")
+            continue
+        check(got["module"] is None and got["iteration"] == 400 and got["mp_world_size"] == 4 and got["dp_world_size"] == 2, f"{n}: counters")
+        check(got["args"] == want["args"] and got["ds_config"] == want["ds_config"], f"{n}: args {got['args']} ds_config {got['ds_config']}")
+        check(got["random_rng_state"] == want["random_rng_state"] and torch.equal(got["torch_rng_state"], want["torch_rng_state"]) and
+              torch.equal(got["cuda_rng_state"], want["cuda_rng_state"]) and
+              numpy.array_equal(got["np_rng_state"][1], want["np_rng_state"][1]), f"{n}: RNG states")
+    again = os.path.join(tmp, "from_neox_pipe_back")
+    run("import", back, again)
+    out = os.path.join(tmp, "neox_pipe_again.pt")
+    run("export", again, out, "--format", "torch")
+    sd = torch.load(out)
+    for k, v in want_all.items():
+        if not k.startswith("optimizer."):
+            check(k in sd and same(sd[k], v), f"import of the export: {k}")
     # Bad input: a partition missing, one too short for param_shapes, a layer file missing, a
     # layer whose dtype differs between tp ranks, ZeRO 3; nothing is written.
     for bad, needles in (("missing_partition", ["zero_pp_rank_1_mp_rank_03_optim_states.pt is missing"]),

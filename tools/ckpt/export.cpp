@@ -236,14 +236,33 @@ bool is_rng_name(const std::string& n) {
 constexpr std::string_view deepspeed_keys[] = {"skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
                                                "ds_version"};
 
+/// The layer index of a DeepSpeed PipelineModule parameter name ("12.mlp.dense_h_to_4h.weight"
+/// gives 12 and "mlp.dense_h_to_4h.weight"), or nothing.
+std::optional<std::pair<std::uint64_t, std::string>> pipeline_layer(const std::string& name) {
+  std::size_t i = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  if (i == 0 || i > 9 || i + 1 >= name.size() || name[i] != '.') return std::nullopt;
+  return std::pair{std::stoull(name.substr(0, i)), name.substr(i + 1)};
+}
+
 std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progress_bar& bar) {
   using ckpt::interop::py_object;
   const auto& info = r.info();
   const bool deepspeed = a.layout == "deepspeed";
   const std::uint32_t T = std::max(info.topology.tp, 1u), P = std::max(info.topology.pp, 1u);
-  if (deepspeed && P > 1)
-    throw ckpt::error(ckpt::error_kind::invalid_argument, "export --layout deepspeed: the checkpoint has pp=" + std::to_string(P) +
-                                                              ": DeepSpeed's pipeline layer files are not written yet (reshard it to pp=1 first)");
+  // A DeepSpeed pipeline: its model tensors are named as PipelineModule names them (the
+  // layer's index, then the key), and go to layer files; the mp_rank files keep the rest.
+  bool pipeline = false, other_model_names = false;
+  for (const auto& t : info.tensors) {
+    if (t.name.starts_with("__ckpt") || t.name.starts_with("optimizer.") || is_rng_name(t.name)) continue;
+    (pipeline_layer(t.name) ? pipeline : other_model_names) = true;
+  }
+  pipeline = deepspeed && pipeline && !other_model_names;
+  if (deepspeed && P > 1 && !pipeline)
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      "export --layout deepspeed: the checkpoint has pp=" + std::to_string(P) +
+                          ", but not every model tensor is named as DeepSpeed's PipelineModule names them (LL.key, as an import of "
+                          "layer_LL-model_TT-model_states.pt gives); reshard it to pp=1 for the mp_rank_TT_model_states.pt layout");
   std::set<std::string> per_rank;
   if (const auto* l = info.config.find("ckpt_import.per_rank_tensors")) {
     std::istringstream in(*l);
@@ -283,11 +302,15 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
       first_layer[key.second / T] = std::min(first_layer[key.second / T], *L);
   // Config: the run's args; ckpt's own entries, and those of the RNG states, stay out (and
   // DeepSpeed's bookkeeping, which goes back to its place in the deepspeed layout).
-  auto args = py_object::dict(), bookkeeping = py_object::dict();
+  auto args = py_object::dict(), bookkeeping = py_object::dict(), ds_config = py_object::dict();
   for (const auto& [key, text] : info.config.entries()) {
     if (key.starts_with("ckpt_import.") || key.ends_with(".has_gauss") || key.ends_with(".cached_gaussian")) continue;
     if (deepspeed && std::find(std::begin(deepspeed_keys), std::end(deepspeed_keys), key) != std::end(deepspeed_keys))
       bookkeeping.set(key, python_value(text));
+    else if (deepspeed && key.starts_with("ds_config."))
+      put_path(ds_config, key.substr(10), python_value(text));  // DeepSpeed's config, as a dict again
+    else if (deepspeed && key.starts_with("optimizer."))
+      continue;  // the optimizer's own state (a ZeRO import's loss scaler, param groups), not the run's args
     else
       args.set(key, python_value(text));
   }
@@ -306,7 +329,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
       const std::uint32_t rank = t + T * p;
       char folder[48];
       if (deepspeed)
-        std::snprintf(folder, sizeof folder, "mp_rank_%02u_model_states.pt", t);
+        std::snprintf(folder, sizeof folder, "mp_rank_%02u_model_states.pt", rank);  // DeepSpeed's model-parallel rank: stage * tp + t
       else
         std::snprintf(folder, sizeof folder, P > 1 ? "mp_rank_%02u_%03u/model_optim_rng.pt" : "mp_rank_%02u/model_optim_rng.pt", t, p);
       const fs::path file = root / tag / folder;
@@ -317,6 +340,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
         // ckpt's own tensors (the validation logits) are not read through the reader's API yet
         if (ti.name.starts_with("__ckpt")) continue;
         if (!a.optimizer && ti.name.starts_with("optimizer.")) continue;
+        if (pipeline && (ti.name.starts_with("optimizer.") || pipeline_layer(ti.name))) continue;  // layer files; see below
         ckpt::shape_t lo(ti.shape.size(), 0), hi = ti.shape;
         if (auto it = boxes.find({ti.name, rank}); it != boxes.end()) {
           lo = it->second.lo;
@@ -367,10 +391,10 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
           const py_object* v = bookkeeping.find(k);
           return v && v->is_int() ? *v : py_object(fallback);
         };
-        top = py_object::dict({{"module", model},
+        top = py_object::dict({{"module", pipeline ? py_object() : model},  // a pipeline's weights are in its layer files
                                {"buffer_names", py_object::list()},
                                {"optimizer", py_object()},
-                               {"param_shapes", py_object::list({shapes})},
+                               {"param_shapes", pipeline ? py_object() : py_object::list({shapes})},
                                {"frozen_param_shapes", py_object()},
                                {"shared_params", py_object::dict()},
                                {"frozen_param_fragments", py_object()},
@@ -382,8 +406,8 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
                                {"global_steps", counter("global_steps", static_cast<std::int64_t>(info.iteration))},
                                {"global_samples", counter("global_samples", 0)},
                                {"dp_world_size", counter("dp_world_size", 1)},
-                               {"mp_world_size", static_cast<std::int64_t>(T)},
-                               {"ds_config", py_object()},
+                               {"mp_world_size", static_cast<std::int64_t>(T) * P},
+                               {"ds_config", ds_config.entries().empty() ? py_object() : ds_config},
                                {"ds_version", bookkeeping.find("ds_version") ? *bookkeeping.find("ds_version") : py_object("0.16.5")},
                                {"iteration", static_cast<std::int64_t>(info.iteration)},
                                {"args", args}});
@@ -400,6 +424,48 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
       }
       w.finish(top);
     }
+  std::size_t files = static_cast<std::size_t>(T) * P;
+  if (pipeline) {
+    // layer_LL-model_TT-model_states.pt: tp rank t's shards of layer LL, under their keys.
+    std::map<std::uint64_t, std::vector<const ckpt::tensor_info*>> layers;
+    std::size_t optimizer_tensors = 0;
+    for (const auto& ti : info.tensors) {
+      if (ti.name.starts_with("optimizer.")) ++optimizer_tensors;
+      else if (const auto l = pipeline_layer(ti.name); l && !ti.name.starts_with("__ckpt")) layers[l->first].push_back(&ti);
+    }
+    for (const auto& [layer, tensors] : layers)
+      for (std::uint32_t t = 0; t < T; ++t) {
+        char name[96];
+        std::snprintf(name, sizeof name, "layer_%02llu-model_%02u-model_states.pt", static_cast<unsigned long long>(layer), t);
+        const fs::path file = root / tag / name;
+        ckpt::interop::torch_writer w(file, {.archive_name = file.stem().string(), .zip = {}});
+        auto sd = py_object::ordered_dict();
+        for (const auto* ti : tensors) {
+          // tp rank t's shard: its box in whichever stage's file holds it, else the whole tensor
+          ckpt::shape_t lo(ti->shape.size(), 0), hi = ti->shape;
+          for (std::uint32_t p = 0; p < P; ++p)
+            if (auto it = boxes.find({ti->name, t + T * p}); it != boxes.end()) {
+              lo = it->second.lo;
+              hi = it->second.hi;
+              break;
+            }
+          ckpt::shape_t shape(lo.size());
+          for (std::size_t d = 0; d < lo.size(); ++d) shape[d] = hi[d] - lo[d];
+          const auto out_type = a.dtype && ckpt::is_floating(ti->type) ? *a.dtype : ti->type;
+          py_object node = w.begin_tensor(out_type, shape);
+          stream_region(w, r, *ti, lo, shape, out_type, a.block_bytes, bar, done);
+          w.end_tensor();
+          sd.set(pipeline_layer(ti->name)->second, node);
+        }
+        w.finish(sd);
+        ++files;
+      }
+    if (optimizer_tensors && a.optimizer)
+      std::fprintf(stderr,
+                   "ckpt export: left out %zu optimizer tensors: DeepSpeed keeps a pipeline's optimizer in ZeRO partitions, which export "
+                   "does not write yet (load with load_optimizer_states=False; GPT-NeoX: no_load_optim)\n",
+                   optimizer_tensors);
+  }
   // The tracker file last, through a temporary name: a reader never sees a half-written one.
   const auto tracker = root / (deepspeed ? "latest" : "latest_checkpointed_iteration.txt"), temp = fs::path(tracker.string() + ".tmp");
   {
@@ -411,7 +477,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
     if (!f) throw ckpt::error(ckpt::error_kind::io, "cannot write " + temp.string());
   }
   fs::rename(temp, tracker);
-  return static_cast<std::size_t>(T) * P;
+  return files;
 }
 
 }  // namespace
