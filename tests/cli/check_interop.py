@@ -195,13 +195,41 @@ def megatron_checkpoint_imports():
          "optimizer": {"state": {0: {"exp_avg": torch.randn(10, 8), "step": 5}}, "param_groups": [{"lr": 0.1}]},
          "rng_state": [{"random_rng_state": torch.ByteTensor([1, 2, 3])}]}
     f = os.path.join(tmp, "mp_rank_00_model_optim_rng.pt")
+    # Megatron's mixed-precision optimizer, as Float16OptimizerWithFloat16Params.state_dict()
+    # nests it: the torch optimizer's state_dict, fp32 masters as a list of lists, the scaler.
+    mixed = dict(d, optimizer={"optimizer": {"state": {0: {"exp_avg": torch.randn(4), "step": 3}, 1: {"exp_avg": torch.randn(2), "step": 3}},
+                                             "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0, 1]}, {"lr": 0.1, "params": []}]},
+                               "fp32_from_fp16_params": [[torch.randn(4), torch.randn(2)], []], "grad_scaler": {"scale": 4096.0, "growth_tracker": 7}})
+    fm = os.path.join(tmp, "mixed_model_optim_rng.pt")
+    torch.save(mixed, fm)
+    run("import", fm, os.path.join(tmp, "from_mixed_megatron"))
+    outm = os.path.join(tmp, "mixed_again.pt")
+    run("export", os.path.join(tmp, "from_mixed_megatron"), outm, "--format", "torch", "--layout", "megatron")
+    got, want = torch.load(outm)["optimizer"], mixed["optimizer"]
+
+    def same_tree(a, b, where):
+        check(type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), f"{where}: {type(a).__name__} vs {type(b).__name__}")
+        if isinstance(a, dict):
+            check(sorted(a, key=repr) == sorted(b, key=repr), f"{where}: keys {list(a)} vs {list(b)}")  # (order: load_state_dict ignores it)
+            for k in a:
+                same_tree(a[k], b[k], f"{where}[{k!r}]")
+        elif isinstance(a, (list, tuple)):
+            check(len(a) == len(b), f"{where}: length")
+            for i, (x, y) in enumerate(zip(a, b)):
+                same_tree(x, y, f"{where}[{i}]")
+        elif isinstance(a, torch.Tensor):
+            check(torch.equal(a, b), f"{where}: tensor")
+        else:
+            check(a == b, f"{where}: {a!r} vs {b!r}")
+    same_tree(got, want, "optimizer")
     torch.save(d, f)
     root = os.path.join(tmp, "from_megatron")
     run("import", f, root)
     j = json.loads(run("inspect", root, "--json").stdout)
     check(j["iteration"] == 1200, j["iteration"])
     check(j["config"] == {"num_layers": 2, "hidden_size": 8, "fp16": False, "optimizer.state.0.step": 5,
-                          "optimizer.param_groups.0.lr": 0.1}, j["config"])
+                          "optimizer.param_groups.0.lr": 0.1, "ckpt_import.containers": "int-keys optimizer.state\nlist optimizer.param_groups"},
+          j["config"])
     names = sorted(t["name"] for t in j["tensors"])
     check(names == ["language_model.embedding", "language_model.layers.0.w", "optimizer.state.0.exp_avg",
                     "rng_state.0.random_rng_state"], names)
@@ -209,7 +237,12 @@ def megatron_checkpoint_imports():
     run("export", root, out, "--format", "torch", "--layout", "megatron")
     e = torch.load(out)
     check(torch.equal(e["model"]["language_model.embedding"], d["model"]["language_model"]["embedding"]), "embedding")
-    check(torch.equal(e["optimizer"]["state.0.exp_avg"], d["optimizer"]["state"][0]["exp_avg"]), "exp_avg")
+    # the optimizer as torch's state_dict() has it, which Megatron's load_checkpoint hands to
+    # optimizer.load_state_dict: int-keyed state, param_groups a list
+    o = e["optimizer"]
+    check(list(o) == ["state", "param_groups"] and list(o["state"]) == [0] and o["param_groups"] == [{"lr": 0.1}], o)
+    check(torch.equal(o["state"][0]["exp_avg"], d["optimizer"]["state"][0]["exp_avg"]) and o["state"][0]["step"] == 5, "exp_avg, step")
+    check("optimizer.state.0.step" not in e["args"] and not any(k.startswith("ckpt_import") for k in e["args"]), e["args"])
     check(e["iteration"] == 1200, e["iteration"])
 
 
@@ -433,7 +466,10 @@ def megatron_tp2_pp2_checkpoint_imports():
             check(sorted(got["model"].keys()) == sorted(want["model"].keys()), f"{rel}: model keys {list(got['model'].keys())}")
             for k, v in want["model"].items():
                 check(torch.equal(got["model"][k], v), f"{rel}: {k} differs")
-            check(torch.equal(got["optimizer"]["state.0.exp_avg"], want["optimizer"]["state"][0]["exp_avg"]), f"{rel}: optimizer")
+            go, wo = got["optimizer"], want["optimizer"]
+            check(list(go["state"]) == [0] and torch.equal(go["state"][0]["exp_avg"], wo["state"][0]["exp_avg"]) and
+                  go["state"][0]["step"] == 9, f"{rel}: optimizer {go}")
+            check(not any(k.startswith("optimizer") for k in vars(got["args"])), f"{rel}: optimizer entries in args")
             g, w = got["rng_state"][0], want["rng_state"][0]
             check(g["random_rng_state"] == w["random_rng_state"], f"{rel}: Python's RNG state differs")
             check(torch.equal(g["torch_rng_state"], w["torch_rng_state"]), f"{rel}: torch's RNG state differs")

@@ -116,19 +116,25 @@ void stream_region(ckpt::interop::torch_writer& w, ckpt::reader<>& r, const ckpt
 
 /// One .pt file holding `decls[first..last)` (indices in `which`): a state dict, or with
 /// layout megatron GPT-NeoX's model_optim_rng.pt dict.
+void put_path(ckpt::interop::py_object& root, const std::string& path, ckpt::interop::py_object value);
+void restore_containers(ckpt::interop::py_object& root, const std::string& lines, const std::string& prefix);
 void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::interop::tensor_decl>& decls,
               const std::vector<std::size_t>& which, const export_args& a, progress_bar& bar, std::uint64_t& done) {
   using ckpt::interop::py_object;
   ckpt::interop::torch_writer w(file, {.archive_name = file.stem().string(), .zip = {}});
   auto model = py_object::ordered_dict(), optimizer = py_object::dict(), flat = py_object::ordered_dict();
+  // An imported optimizer (its containers recorded) is nested again by its dotted names.
+  const bool nested = r.info().config.find("ckpt_import.containers") != nullptr;
   for (const auto k : which) {
     const auto& d = decls[k];
     const auto& t = *r.find(d.name);
     py_object node = w.begin_tensor(d.type, d.shape);
     stream_region(w, r, t, ckpt::shape_t(t.shape.size(), 0), t.shape, d.type, a.block_bytes, bar, done);
     w.end_tensor();
-    if (a.layout == "megatron" && d.name.starts_with("optimizer."))
-      optimizer.set(d.name.substr(10), node);
+    if (a.layout == "megatron" && d.name.starts_with("optimizer.") && nested)
+      put_path(optimizer, d.name.substr(10), node);  // the tree torch's state_dict() had
+    else if (a.layout == "megatron" && d.name.starts_with("optimizer."))
+      optimizer.set(d.name.substr(10), node);  // a ckpt checkpoint's own names
     else if (a.layout == "megatron")
       model.set(d.name, node);
     else
@@ -140,7 +146,15 @@ void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::i
   }
   const auto& info = r.info();
   auto args = py_object::dict();
-  for (const auto& [key, text] : info.config.entries()) args.set(key, python_value(text));
+  for (const auto& [key, text] : info.config.entries()) {
+    if (key.starts_with("ckpt_import.")) continue;  // ckpt's own notes on the import
+    if (key.starts_with("optimizer.")) {
+      if (a.optimizer) put_path(optimizer, key.substr(10), python_value(text));  // the optimizer's scalars
+    } else {
+      args.set(key, python_value(text));
+    }
+  }
+  if (const auto* c = info.config.find("ckpt_import.containers"); c && a.optimizer) restore_containers(optimizer, *c, "optimizer");
   w.finish(py_object::dict({{"iteration", static_cast<std::int64_t>(info.iteration)},
                             {"checkpoint_version", 3.0},
                             {"args", args},
@@ -209,6 +223,63 @@ void put_path(ckpt::interop::py_object& root, const std::string& path, ckpt::int
     if (!at->contains(key)) at->set(key, py_object::dict());
     at = &at->at(key);
     from = dot + 1;
+  }
+}
+
+/// Gives a tree built by put_path its containers back, as `ckpt import` recorded them under
+/// `prefix` (config ckpt_import.containers: "list optimizer.param_groups", "int-keys
+/// optimizer.state", ...): dicts of "0".."n-1" become lists or tuples again, and dicts whose
+/// keys were ints get int keys. The deepest first, so that a parent is still a dict of names.
+void restore_containers(ckpt::interop::py_object& root, const std::string& lines, const std::string& prefix) {
+  using ckpt::interop::py_object;
+  std::vector<std::pair<std::string, std::string>> todo;  // (kind, path below root)
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) {
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    const auto kind = line.substr(0, sp), path = line.substr(sp + 1);
+    if (path == prefix) todo.emplace_back(kind, "");
+    else if (path.starts_with(prefix + ".")) todo.emplace_back(kind, path.substr(prefix.size() + 1));
+  }
+  const auto depth = [](const std::string& p) { return p.empty() ? 0 : 1 + std::count(p.begin(), p.end(), '.'); };
+  std::stable_sort(todo.begin(), todo.end(), [&](const auto& a, const auto& b) { return depth(a.second) > depth(b.second); });
+  for (const auto& [kind, path] : todo) {
+    py_object* parent = nullptr;
+    py_object* at = &root;
+    std::string last;
+    for (std::size_t from = 0; at && !path.empty();) {
+      const auto dot = path.find('.', from);
+      last = path.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+      parent = at;
+      at = at->is_dict() ? at->find(last) : nullptr;
+      if (dot == std::string::npos) break;
+      from = dot + 1;
+    }
+    if (!at) {  // an empty list or tuple had nothing to flatten: make it again
+      if (parent && parent->is_dict() && kind != "int-keys") parent->set(last, kind == "tuple" ? py_object::tuple() : py_object::list());
+      continue;
+    }
+    if (!at->is_dict()) continue;
+    if (kind == "int-keys") {
+      auto d = py_object::dict();
+      for (const auto& [k, v] : at->entries()) {
+        const auto& name = k.as_str();
+        if (name.empty() || name.size() > 18 || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          d = *at;  // not all numbers: left as it is
+          break;
+        }
+        d.set(static_cast<std::int64_t>(std::stoll(name)), v);
+      }
+      *at = std::move(d);
+    } else {
+      py_object::list_type items;
+      for (std::size_t i = 0;; ++i) {
+        const py_object* v = at->find(std::to_string(i));
+        if (!v) break;
+        items.push_back(*v);
+      }
+      if (items.size() == at->size()) *at = kind == "tuple" ? py_object::tuple(std::move(items)) : py_object::list(std::move(items));
+    }
   }
 }
 
@@ -303,14 +374,19 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
   // Config: the run's args; ckpt's own entries, and those of the RNG states, stay out (and
   // DeepSpeed's bookkeeping, which goes back to its place in the deepspeed layout).
   auto args = py_object::dict(), bookkeeping = py_object::dict(), ds_config = py_object::dict();
+  std::vector<std::pair<std::string, py_object>> optimizer_config;
+  const auto* containers = info.config.find("ckpt_import.containers");  // an imported optimizer: nested again
+  // DeepSpeed keeps a pipeline's optimizer, and any ZeRO optimizer, in ZeRO partitions, which
+  // are not written yet: the optimizer is listed as left out.
+  const bool zero_left_out = deepspeed && a.optimizer && (pipeline || info.config.find("optimizer.zero_partitions"));
   for (const auto& [key, text] : info.config.entries()) {
     if (key.starts_with("ckpt_import.") || key.ends_with(".has_gauss") || key.ends_with(".cached_gaussian")) continue;
     if (deepspeed && std::find(std::begin(deepspeed_keys), std::end(deepspeed_keys), key) != std::end(deepspeed_keys))
       bookkeeping.set(key, python_value(text));
     else if (deepspeed && key.starts_with("ds_config."))
       put_path(ds_config, key.substr(10), python_value(text));  // DeepSpeed's config, as a dict again
-    else if (deepspeed && key.starts_with("optimizer."))
-      continue;  // the optimizer's own state (a ZeRO import's loss scaler, param groups), not the run's args
+    else if (key.starts_with("optimizer."))
+      optimizer_config.emplace_back(key.substr(10), python_value(text));  // the optimizer's own (param groups, step), not the run's args
     else
       args.set(key, python_value(text));
   }
@@ -340,7 +416,8 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
         // ckpt's own tensors (the validation logits) are not read through the reader's API yet
         if (ti.name.starts_with("__ckpt")) continue;
         if (!a.optimizer && ti.name.starts_with("optimizer.")) continue;
-        if (pipeline && (ti.name.starts_with("optimizer.") || pipeline_layer(ti.name))) continue;  // layer files; see below
+        if (pipeline && pipeline_layer(ti.name)) continue;  // layer files; see below
+        if (zero_left_out && ti.name.starts_with("optimizer.")) continue;  // listed below
         ckpt::shape_t lo(ti.shape.size(), 0), hi = ti.shape;
         if (auto it = boxes.find({ti.name, rank}); it != boxes.end()) {
           lo = it->second.lo;
@@ -362,7 +439,7 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
                                       ? ti.name
                                       : shift_layer(ti.name, -static_cast<std::int64_t>(first_layer[p]));
         if (ti.name.starts_with("optimizer."))
-          optimizer.set(ti.name.substr(10), node);
+          containers ? put_path(optimizer, ti.name.substr(10), node) : optimizer.set(ti.name.substr(10), node);
         else if (is_rng_name(ti.name))
           put_path(extra, ti.name, node);
         else
@@ -378,6 +455,12 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
           continue;  // not an RNG engine (a per-rank config entry): Megatron has no place for it
         }
         put_path(extra, v.name, python_rng_state(e, info.config, v.name));
+      }
+      // The optimizer as torch's state_dict() has it: its scalars from the config, and its lists,
+      // tuples and int-keyed dicts as the import found them.
+      if (a.optimizer && !zero_left_out) {
+        for (const auto& [k, v] : optimizer_config) put_path(optimizer, k, v);
+        if (containers) restore_containers(optimizer, *containers, "optimizer");
       }
       py_object top;
       if (deepspeed) {
@@ -428,10 +511,9 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
   if (pipeline) {
     // layer_LL-model_TT-model_states.pt: tp rank t's shards of layer LL, under their keys.
     std::map<std::uint64_t, std::vector<const ckpt::tensor_info*>> layers;
-    std::size_t optimizer_tensors = 0;
     for (const auto& ti : info.tensors) {
-      if (ti.name.starts_with("optimizer.")) ++optimizer_tensors;
-      else if (const auto l = pipeline_layer(ti.name); l && !ti.name.starts_with("__ckpt")) layers[l->first].push_back(&ti);
+      if (ti.name.starts_with("optimizer.")) continue;
+      if (const auto l = pipeline_layer(ti.name); l && !ti.name.starts_with("__ckpt")) layers[l->first].push_back(&ti);
     }
     for (const auto& [layer, tensors] : layers)
       for (std::uint32_t t = 0; t < T; ++t) {
@@ -460,11 +542,15 @@ std::size_t export_rank_folders(ckpt::reader<>& r, const export_args& a, progres
         w.finish(sd);
         ++files;
       }
-    if (optimizer_tensors && a.optimizer)
+  }
+  if (zero_left_out) {
+    std::size_t n = 0;
+    for (const auto& ti : info.tensors) n += ti.name.starts_with("optimizer.");
+    if (n)
       std::fprintf(stderr,
-                   "ckpt export: left out %zu optimizer tensors: DeepSpeed keeps a pipeline's optimizer in ZeRO partitions, which export "
+                   "ckpt export: left out %zu optimizer tensors: DeepSpeed keeps %s optimizer in ZeRO partitions, which export "
                    "does not write yet (load with load_optimizer_states=False; GPT-NeoX: no_load_optim)\n",
-                   optimizer_tensors);
+                   n, pipeline ? "a pipeline's" : "a ZeRO");
   }
   // The tracker file last, through a temporary name: a reader never sees a half-written one.
   const auto tracker = root / (deepspeed ? "latest" : "latest_checkpointed_iteration.txt"), temp = fs::path(tracker.string() + ".tmp");

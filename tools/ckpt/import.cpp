@@ -54,6 +54,9 @@ struct imported {
   std::optional<std::uint64_t> iteration;
   std::optional<ckpt::interop::host_tensor> validation_logits;
   std::vector<std::string> left_out;  // paths of values ckpt has no place for
+  // The optimizer's containers that were not string-keyed dicts ("list optimizer.param_groups",
+  // "int-keys optimizer.state"), so an export can give its loader the same structure back.
+  std::vector<std::string> containers;
   std::vector<std::string> origin;    // per tensor, the file it came from when not the rank's own ("" or absent: it is)
   // Streaming: tensors whose bytes stay in their file until the save reads them.
   file_tensors* files = nullptr;                          // where they are recorded
@@ -189,6 +192,24 @@ std::string key_text(const py_object& k) {
 
 std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
 
+/// A Python float as config text that stays a float: 4096.0 is "4096.0", not "4096" (which an
+/// export would give back as an int).
+std::string float_text(double v) {
+  std::string t = ckpt::config_value(v).text;
+  if (t.find_first_of(".eEn") == std::string::npos) t += ".0";  // not 1e+20, inf or nan
+  return t;
+}
+
+bool is_optimizer_path(const std::string& path) { return path == "optimizer" || path.starts_with("optimizer."); }
+
+/// Records the optimizer's container kinds in the config, for export (ckpt_import.containers).
+void record_containers(imported& out) {
+  if (out.containers.empty()) return;
+  std::string lines;
+  for (const auto& c : out.containers) lines += (lines.empty() ? "" : "\n") + c;
+  out.config.set("ckpt_import.containers", lines);
+}
+
 /// Tensors (by path), RNG engines and scalars (as config entries) of `o`, recursively.
 void flatten(py_object& o, const std::string& path, imported& out, bool scalars_to_config) {
   const std::string where = "ckpt import: " + (path.empty() ? std::string("the file") : path);
@@ -200,7 +221,7 @@ void flatten(py_object& o, const std::string& path, imported& out, bool scalars_
     out.engines.emplace_back(path, *e);
     // numpy's spare Gaussian has no place in a std::mt19937: it is kept beside it.
     out.config.set(join(path, "has_gauss"), o.items()[3].is_int() ? o.items()[3].as_int() : std::int64_t{o.items()[3].as_bool()});
-    out.config.set(join(path, "cached_gaussian"), o.items()[4].as_float());
+    out.config.set(join(path, "cached_gaussian"), float_text(o.items()[4].as_float()));
     return;
   }
   if (o.python_class() == ckpt::interop::py_class::numpy_array) {
@@ -212,10 +233,14 @@ void flatten(py_object& o, const std::string& path, imported& out, bool scalars_
       out.add_tensor(path, o.as_tensor());
       return;
     case py_kind::dict:
+      if (is_optimizer_path(path) && !o.entries().empty() &&
+          std::all_of(o.entries().begin(), o.entries().end(), [](const auto& kv) { return kv.first.is_int(); }))
+        out.containers.push_back("int-keys " + path);
       for (auto& [k, v] : o.entries()) flatten(v, join(path, key_text(k)), out, scalars_to_config);
       return;
     case py_kind::list:
     case py_kind::tuple: {
+      if (is_optimizer_path(path)) out.containers.push_back((o.is_list() ? "list " : "tuple ") + path);
       auto& items = o.items();
       for (std::size_t i = 0; i < items.size(); ++i) flatten(items[i], join(path, std::to_string(i)), out, scalars_to_config);
       return;
@@ -224,7 +249,7 @@ void flatten(py_object& o, const std::string& path, imported& out, bool scalars_
       if (scalars_to_config) return void(out.config.set(path, o.as_int()));
       break;
     case py_kind::floating:
-      if (scalars_to_config) return void(out.config.set(path, o.as_float()));
+      if (scalars_to_config) return void(out.config.set(path, float_text(o.as_float())));
       break;
     case py_kind::boolean:
       if (scalars_to_config) return void(out.config.set(path, o.as_bool()));
@@ -266,6 +291,7 @@ bool is_framework_file(const py_object& root) {
 void from_torch_tree(py_object root, imported& out) {
   if (!is_framework_file(root)) {
     flatten(root, "", out, true);
+    record_containers(out);
     return;
   }
   std::string counter;  // the key the iteration came from
@@ -300,6 +326,7 @@ void from_torch_tree(py_object root, imported& out) {
       flatten(v, key, out, true);
     }
   }
+  record_containers(out);
 }
 
 /// The iteration in a tag folder's name: global_step200 (DeepSpeed), iter_0000200 (Megatron).
@@ -647,6 +674,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         ranks[r].tensors.emplace_back(std::move(n), std::move(t));
       }
       flatten(z.rest, "optimizer", ranks[r], true);
+      record_containers(ranks[r]);
       for (auto& l : z.left_out) ranks[r].left_out.push_back(std::move(l) + " of the ZeRO partitions");
       ranks[r].config.set("optimizer.zero_partitions", static_cast<std::int64_t>(z.dp));
     }
