@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Peak memory of `ckpt import` and `ckpt export --layout megatron` on a Megatron-LM tp=2
 checkpoint of SIZE GiB (default 2.1), written here with torch the way Megatron's
-save_checkpoint lays it out. Prints the source's size, its largest tensor and each command's
+save_checkpoint lays it out; then of exporting it as one safetensors file and importing that. Prints the source's size, its largest tensor and each command's
 peak RSS (from /usr/bin/time -f %M), and the ratio of that to the source.
 
     bench/import_memory.py CKPT_TOOL [--gib 2.1] [--dir DIR]
@@ -64,5 +64,10 @@ try:
     measure("ckpt import SRC ROOT", "import", src, root)
     measure("ckpt export ROOT OUT --format torch --layout megatron", "export", root, os.path.join(work, "back"), "--format", "torch",
             "--layout", "megatron")
+    shutil.rmtree(os.path.join(work, "back"))
+    st = os.path.join(work, "model.safetensors")
+    measure("ckpt export ROOT model.safetensors", "export", root, st, "--format", "safetensors")
+    shutil.rmtree(src)
+    measure("ckpt import model.safetensors ROOT2", "import", st, os.path.join(work, "root2"))
 finally:
     shutil.rmtree(work)

@@ -382,10 +382,16 @@ void from_torch_index(const fs::path& index, imported& out) {
                                                      " in " + wanted.begin()->second + ", which does not hold it");
 }
 
-template <class Source>
-void from_safetensors(const Source& src, const std::vector<ckpt::interop::safetensors_entry>& entries,
+/// The tensors of a safetensors file (or of each shard of an index) are streamed: `file_of`
+/// gives the file holding a tensor.
+template <class FileOf>
+void from_safetensors(FileOf file_of, const std::vector<ckpt::interop::safetensors_entry>& entries,
                       const ckpt::interop::safetensors_metadata& meta, imported& out) {
-  for (const auto& e : entries) out.tensors.emplace_back(e.name, src.read(e.name));
+  for (const auto& e : entries) {
+    out.streamed.resize(out.tensors.size(), -1);
+    out.streamed.push_back(e.nbytes() == 0 ? -1 : out.files->add(file_of(e.name), e));
+    out.tensors.emplace_back(e.name, ckpt::interop::host_tensor{e.type, e.shape, {}});
+  }
   for (const auto& [k, v] : meta) {
     if (k == "ckpt_iteration") {
       try {
@@ -883,22 +889,26 @@ int run_import(const import_args& a) {
   const fs::path file = a.file;
   if (fs::is_directory(file)) return import_checkpoint(a, file);
   if (!fs::is_regular_file(file)) throw ckpt::error(ckpt::error_kind::not_found, "no such file: " + a.file);
+  // The sources stay open until the save has read every tensor from them.
+  std::optional<ckpt::interop::safetensors_index> index;
+  std::optional<ckpt::interop::safetensors_file> st;
   file_tensors files;
   imported what;
+  what.files = &files;
   const auto name = file.filename().string();
   if (ends_with(name, ".safetensors.index.json")) {
-    ckpt::interop::safetensors_index index(file);
+    index.emplace(file);
     std::vector<ckpt::interop::safetensors_entry> entries;
-    for (const auto& s : index.shards())
+    for (const auto& s : index->shards())
       for (const auto& e : s.tensors()) entries.push_back(e);
-    from_safetensors(index, entries, index.shards().empty() ? ckpt::interop::safetensors_metadata{} : index.shards().front().metadata(), what);
+    from_safetensors([&](const std::string& n) -> const ckpt::interop::safetensors_file& { return index->shard_of(n); }, entries,
+                     index->shards().empty() ? ckpt::interop::safetensors_metadata{} : index->shards().front().metadata(), what);
   } else if (ends_with(name, ".safetensors")) {
-    ckpt::interop::safetensors_file st(file);
-    from_safetensors(st, st.tensors(), st.metadata(), what);
+    st.emplace(file);
+    from_safetensors([&](const std::string&) -> const ckpt::interop::safetensors_file& { return *st; }, st->tensors(), st->metadata(), what);
   } else if (ends_with(name, ".index.json")) {
     from_torch_index(file, what);
   } else {
-    what.files = &files;
     from_torch_tree(what.open(file), what);
   }
   if (what.tensors.empty()) throw ckpt::error(ckpt::error_kind::invalid_argument, a.file + " holds no tensors");

@@ -1,5 +1,6 @@
 #pragma once
-// Tensors `ckpt import` saves without holding them: their bytes stay in the source .pt files
+// Tensors `ckpt import` saves without holding them: their bytes stay in the source files (.pt
+// or safetensors)
 // until the checkpointer asks for them, a chunk at a time, so an import's memory is the
 // checkpointer's staging buffers plus what the tool itself holds (ZeRO's joined state, RNG
 // states), not the model.
@@ -15,12 +16,15 @@
 #include <vector>
 
 #include <ckpt/error.hpp>
+#include <ckpt/interop/safetensors.hpp>
 #include <ckpt/interop/torch.hpp>
 #include <ckpt/tensor.hpp>
 
 namespace ckpt_tool {
 
-/// The streamed tensors of an import: for each, its file and its place in the file.
+/// The streamed tensors of an import: for each, its file and its place in the file. A .pt
+/// tensor's zip record is CRC-checked as it is read (torch_tensor_source); safetensors has no
+/// checksums, so its bytes are read as they are, inside the bounds the header was checked for.
 class file_tensors {
  public:
   /// The source of `file`, opened once.
@@ -34,12 +38,20 @@ class file_tensors {
     if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
       throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
     ckpt::interop::py_tensor shell{ckpt::interop::host_tensor{t.value.type, t.value.shape, {}}, t.storage, false};
-    entries_.push_back({&src, std::move(shell)});
+    entries_.push_back({&src, std::move(shell), nullptr, {}});
+    return static_cast<int>(entries_.size() - 1);
+  }
+  /// Records tensor `name` of a safetensors file (which must outlive this table).
+  int add(const ckpt::interop::safetensors_file& file, const ckpt::interop::safetensors_entry& t) {
+    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
+    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.type, t.shape, {}}, {}, false}, &file, t.name});
     return static_cast<int>(entries_.size() - 1);
   }
   /// Bytes [offset, offset + out.size()) of tensor `k`.
   void read(int k, std::uint64_t offset, std::span<std::byte> out) const {
     const auto& e = entries_.at(static_cast<std::size_t>(k));
+    if (e.safetensors) return e.safetensors->read_part(e.name, offset, out);  // pread: safe from several threads
     e.source->read(e.tensor, offset, out);
   }
   /// A view ckpt can save tensor `k` through: external memory the DevicePolicy reads.
@@ -51,8 +63,10 @@ class file_tensors {
 
  private:
   struct entry {
-    ckpt::interop::torch_tensor_source* source;
-    ckpt::interop::py_tensor tensor;  // dtype, shape and storage; no bytes
+    ckpt::interop::torch_tensor_source* source;  // a .pt file's tensor, or
+    ckpt::interop::py_tensor tensor;             // (dtype, shape and storage; no bytes)
+    const ckpt::interop::safetensors_file* safetensors;  // a safetensors file's, by name
+    std::string name;
   };
   std::vector<std::unique_ptr<ckpt::interop::torch_tensor_source>> sources_;
   std::deque<entry> entries_;
