@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Peak memory of `ckpt import` and `ckpt export --layout megatron` on a Megatron-LM tp=2
 checkpoint of SIZE GiB (default 2.1), written here with torch the way Megatron's
-save_checkpoint lays it out; then of exporting it as one safetensors file and importing that. Prints the source's size, its largest tensor and each command's
+save_checkpoint lays it out; then of exporting it as one safetensors file and importing that;
+then of importing a GPT-NeoX pipeline with ZeRO 2 partitions (tests/cli/deepspeed_writer.py). Prints the source's size, its largest tensor and each command's
 peak RSS (from /usr/bin/time -f %M), and the ratio of that to the source.
 
-    bench/import_memory.py CKPT_TOOL [--gib 2.1] [--dir DIR]
+    bench/import_memory.py CKPT_TOOL [--gib 2.1] [--zero-hidden 2048] [--dir DIR]
 """
 import argparse
 import collections
@@ -20,6 +21,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("tool")
 ap.add_argument("--gib", type=float, default=2.1)
 ap.add_argument("--dir", default=None)
+ap.add_argument("--zero-hidden", type=int, default=2048, help="hidden size of the NeoX/ZeRO source")
 a = ap.parse_args()
 
 work = tempfile.mkdtemp(prefix="ckpt-import-memory-", dir=a.dir)
@@ -69,5 +71,22 @@ try:
     measure("ckpt export ROOT model.safetensors", "export", root, st, "--format", "safetensors")
     shutil.rmtree(src)
     measure("ckpt import model.safetensors ROOT2", "import", st, os.path.join(work, "root2"))
+    shutil.rmtree(os.path.join(work, "root2"))
+    os.remove(st)
+    shutil.rmtree(root)
+
+    # GPT-NeoX through DeepSpeed's PipelineEngine with ZeRO 2 (tests/cli/deepspeed_writer.py):
+    # tp=2 pp=2 dp=2, the optimizer state cut into partitions.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "cli"))
+    import deepspeed_writer as dsw
+    neox = os.path.join(work, "neox")
+    dsw.write(neox, dsw.neox_pipeline_model(1, hidden=a.zero_hidden, vocab=4 * a.zero_hidden), 2, 2, 2, 100)
+    size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(neox) for f in fs)
+    print(f"\nsource: GPT-NeoX pipeline tp=2 pp=2 with ZeRO 2 over dp=2, hidden {a.zero_hidden}: {size / 2**30:.2f} GiB in "
+          f"{sum(len(fs) for _, _, fs in os.walk(neox))} files")
+    print("| command | peak RSS | / source |")
+    print("|---|---:|---:|")
+    total = size
+    measure("ckpt import SRC ROOT", "import", neox, os.path.join(work, "neox_root"))
 finally:
     shutil.rmtree(work)

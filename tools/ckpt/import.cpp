@@ -672,13 +672,26 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         }
       }
     if (!c.ranks[r].zero.empty()) {
-      auto z = join_zero_partitions(c.ranks[r].zero, param_shapes, c.ranks[r].file);
+      // The partitions are CRC-checked whole first (one sequential pass each), since their flat
+      // vectors are then read in pieces, parameter by parameter.
+      std::vector<ckpt::interop::torch_tensor_source*> parts;
+      for (const auto& f : c.ranks[r].zero) {
+        parts.push_back(&files.source(f));
+        parts.back()->verify_all();
+      }
+      auto z = join_zero_partitions(c.ranks[r].zero, param_shapes, c.ranks[r].file, [&](const fs::path& f) { return ranks[r].open(f); });
       std::erase(ranks[r].left_out, "optimizer (None)");  // ZeRO keeps it in the partitions
-      for (auto& [n, t] : z.tensors) {
+      for (auto& t : z.tensors) {
+        std::vector<file_tensors::piece> pieces;
+        for (auto& sg : t.segments) pieces.push_back({parts[sg.part], std::move(sg.flat), sg.from, sg.at, sg.bytes});
+        const int k = files.add(t.type, t.shape, std::move(pieces));
         ranks[r].origin.resize(ranks[r].tensors.size());
         ranks[r].origin.push_back(c.ranks[r].zero.front().filename().string() + " ...");
-        ranks[r].tensors.emplace_back(std::move(n), std::move(t));
+        ranks[r].streamed.resize(ranks[r].tensors.size(), -1);
+        ranks[r].streamed.push_back(k);
+        ranks[r].tensors.emplace_back(std::move(t.name), ckpt::interop::host_tensor{t.type, t.shape, {}});
       }
+      ranks[r].source = parts.front();  // the rest's tensors (a step count) are partition 0's
       flatten(z.rest, "optimizer", ranks[r], true);
       record_containers(ranks[r]);
       for (auto& l : z.left_out) ranks[r].left_out.push_back(std::move(l) + " of the ZeRO partitions");

@@ -9,6 +9,7 @@
 // table; the `streamed_from_files` DevicePolicy reads entry k from its file when the save
 // stages it. Tensors in memory (host) go through as they would with ckpt::host_copy.
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -38,21 +39,49 @@ class file_tensors {
     if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
       throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
     ckpt::interop::py_tensor shell{ckpt::interop::host_tensor{t.value.type, t.value.shape, {}}, t.storage, false};
-    entries_.push_back({&src, std::move(shell), nullptr, {}});
+    entries_.push_back({&src, std::move(shell), nullptr, {}, {}});
     return static_cast<int>(entries_.size() - 1);
   }
   /// Records tensor `name` of a safetensors file (which must outlive this table).
   int add(const ckpt::interop::safetensors_file& file, const ckpt::interop::safetensors_entry& t) {
     if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
       throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
-    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.type, t.shape, {}}, {}, false}, &file, t.name});
+    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.type, t.shape, {}}, {}, false}, &file, t.name, {}});
+    return static_cast<int>(entries_.size() - 1);
+  }
+  /// Records a tensor joined from pieces of others: segment i puts `bytes` bytes of `flat`
+  /// (from byte `from`, in `sources[i]`) at byte `at`. A ZeRO parameter's state is one.
+  struct piece {
+    ckpt::interop::torch_tensor_source* source;
+    std::shared_ptr<const ckpt::interop::py_tensor> flat;  // bytes in memory when load_torch read them, else in source
+    std::uint64_t from, at, bytes;
+  };
+  int add(ckpt::dtype type, ckpt::shape_t shape, std::vector<piece> pieces) {
+    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
+    std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) { return a.at < b.at; });
+    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{type, std::move(shape), {}}, {}, false}, nullptr, {},
+                        std::move(pieces)});
     return static_cast<int>(entries_.size() - 1);
   }
   /// Bytes [offset, offset + out.size()) of tensor `k`.
   void read(int k, std::uint64_t offset, std::span<std::byte> out) const {
     const auto& e = entries_.at(static_cast<std::size_t>(k));
     if (e.safetensors) return e.safetensors->read_part(e.name, offset, out);  // pread: safe from several threads
-    e.source->read(e.tensor, offset, out);
+    if (e.source) return e.source->read(e.tensor, offset, out);
+    std::uint64_t filled = 0;
+    for (const auto& p : e.pieces) {
+      const std::uint64_t lo = std::max(offset, p.at), hi = std::min(offset + out.size(), p.at + p.bytes);
+      if (lo >= hi) continue;
+      const auto dst = out.subspan(static_cast<std::size_t>(lo - offset), static_cast<std::size_t>(hi - lo));
+      if (!p.flat->value.data.empty())
+        std::memcpy(dst.data(), p.flat->value.data.data() + p.from + (lo - p.at), dst.size());
+      else
+        p.source->read(*p.flat, p.from + (lo - p.at), dst);
+      filled += hi - lo;
+    }
+    if (filled != out.size())  // the join checked the pieces cover the tensor; this would be a bug
+      throw ckpt::error(ckpt::error_kind::corrupt, "ckpt import: tensor " + std::to_string(k) + " has bytes no partition holds");
   }
   /// A view ckpt can save tensor `k` through: external memory the DevicePolicy reads.
   ckpt::tensor_ref ref(int k) const {
@@ -67,6 +96,7 @@ class file_tensors {
     ckpt::interop::py_tensor tensor;             // (dtype, shape and storage; no bytes)
     const ckpt::interop::safetensors_file* safetensors;  // a safetensors file's, by name
     std::string name;
+    std::vector<piece> pieces;  // or joined from pieces of others
   };
   std::vector<std::unique_ptr<ckpt::interop::torch_tensor_source>> sources_;
   std::deque<entry> entries_;

@@ -16,13 +16,14 @@
 // own zero_to_fp32.py follows); what is left at the end is padding.
 //
 // The tensors are named as Megatron-core names its distributed optimizer's state:
-// optimizer.state.fp32_param.<param>, optimizer.state.exp_avg.<param>, ... Each partition file
-// is read once, one at a time: memory is the parameters' state plus one partition.
+// optimizer.state.fp32_param.<param>, optimizer.state.exp_avg.<param>, ... Nothing is joined in
+// memory: each parameter's state is a list of segments (which partition file, which flat
+// tensor, which bytes), read from the files when the save asks for them.
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,24 @@
 
 namespace ckpt_tool {
 
+/// Bytes of one joined tensor that lie in one partition file: `bytes` bytes of `flat` (a slice
+/// of a group's vector in partition `part`), from byte `from`, land at byte `at` of the tensor.
+struct zero_segment {
+  std::size_t part = 0;
+  std::shared_ptr<const ckpt::interop::py_tensor> flat;  // dtype, shape, storage (bytes only if load_torch read them)
+  std::uint64_t from = 0, at = 0, bytes = 0;
+};
+/// One joined tensor: its name, dtype and shape, and where its bytes are.
+struct zero_tensor {
+  std::string name;
+  ckpt::dtype type{};
+  ckpt::shape_t shape;
+  std::vector<zero_segment> segments;
+};
+
 /// One model-parallel rank's ZeRO state, joined over its data-parallel partitions.
 struct zero_state {
-  std::vector<std::pair<std::string, ckpt::interop::host_tensor>> tensors;  // per parameter, in param_shapes' order
+  std::vector<zero_tensor> tensors;  // per parameter, in param_shapes' order
   ckpt::interop::py_object rest;          // partition 0's optimizer_state_dict without the sliced tensors
   std::vector<std::string> left_out;      // what is not carried over, and why
   std::uint32_t dp = 0;                   // partitions joined
@@ -85,10 +101,10 @@ inline std::vector<std::vector<param_slot>> groups_of(const py_object& param_sha
 inline std::uint64_t round_up(std::uint64_t x, std::uint64_t to) { return to == 0 ? x : (x + to - 1) / to * to; }
 
 /// A flat 1-D slice of a group's vector.
-inline const ckpt::interop::host_tensor& flat(const py_object& o, const std::filesystem::path& f, const std::string& what) {
+inline const ckpt::interop::py_tensor& flat(const py_object& o, const std::filesystem::path& f, const std::string& what) {
   if (!o.is_tensor() || o.as_tensor().value.shape.size() != 1)
     throw bad(f, what + " is " + o.repr().substr(0, 80) + ", not a 1-d tensor");
-  return o.as_tensor().value;
+  return o.as_tensor();
 }
 
 /// The per-group state dicts of base_optimizer_state: {"state": {G: {...}}} or [{...}, ...].
@@ -114,8 +130,12 @@ inline std::vector<py_object*> group_states(py_object& base, std::size_t groups,
 /// Joins the ZeRO 1/2 partitions `files` (data-parallel rank order) of the model file whose
 /// param_shapes is given. Every file is checked against the first: stage, partition count,
 /// groups, dtypes, and that its slices sum to the parameters (plus at most DeepSpeed's padding).
-inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>& files, const ckpt::interop::py_object& param_shapes,
-                                       const std::filesystem::path& model_file) {
+/// `open(file)` reads a partition file's tree; its tensors may come back without their bytes
+/// (only their dtypes, shapes and storages are used here). The tensors of `rest` are partition
+/// 0's.
+template <class Open>
+zero_state join_zero_partitions(const std::vector<std::filesystem::path>& files, const ckpt::interop::py_object& param_shapes,
+                                const std::filesystem::path& model_file, Open&& open) {
   using namespace zero_detail;
   zero_state out;
   out.dp = static_cast<std::uint32_t>(files.size());
@@ -128,7 +148,7 @@ inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>&
 
   for (std::uint64_t d = 0; d < D; ++d) {
     const auto& f = files[d];
-    py_object root = ckpt::interop::load_torch(f);
+    py_object root = open(f);
     py_object* sd = root.is_dict() ? root.find("optimizer_state_dict") : nullptr;
     if (!sd || !sd->is_dict()) throw bad(f, "holds no optimizer_state_dict: not a ZeRO partition");
     // ZeroStageEnum, pickled by value (1, 2) or, from Python 3.11 on, by name.
@@ -154,9 +174,9 @@ inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>&
       throw bad(f, "has " + std::to_string(fp32->size()) + " parameter groups, but " + model_file.filename().string() + "'s param_shapes has " +
                        std::to_string(groups.size()));
     // The sliced tensors of this file: (key, group) -> its slice.
-    std::vector<std::pair<std::string, std::vector<const ckpt::interop::host_tensor*>>> slices;
+    std::vector<std::pair<std::string, std::vector<const ckpt::interop::py_tensor*>>> slices;
     {
-      auto& s = slices.emplace_back("fp32_param", std::vector<const ckpt::interop::host_tensor*>(groups.size()));
+      auto& s = slices.emplace_back("fp32_param", std::vector<const ckpt::interop::py_tensor*>(groups.size()));
       for (std::size_t g = 0; g < groups.size(); ++g) s.second[g] = &flat(fp32->items()[g], f, "single_partition_of_fp32_groups[" + std::to_string(g) + "]");
     }
     py_object* base = sd->find("base_optimizer_state");
@@ -167,10 +187,10 @@ inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>&
         if (k.is_str() && v.is_tensor() && v.as_tensor().value.shape.size() == 1) {
           auto it = std::find_if(slices.begin(), slices.end(), [&](const auto& s) { return s.first == k.as_str(); });
           if (it == slices.end()) {
-            slices.emplace_back(k.as_str(), std::vector<const ckpt::interop::host_tensor*>(groups.size()));
+            slices.emplace_back(k.as_str(), std::vector<const ckpt::interop::py_tensor*>(groups.size()));
             it = std::prev(slices.end());
           }
-          it->second[g] = &v.as_tensor().value;
+          it->second[g] = &v.as_tensor();
         }
     }
     if (d == 0) {
@@ -179,12 +199,9 @@ inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>&
         first_tensor[key].assign(groups.size(), 0);
         for (std::size_t g = 0; g < groups.size(); ++g) {
           if (!per_group[g]) throw bad(f, "group " + std::to_string(g) + " has no " + key + " while another group has one");
-          types[key] = per_group[g]->type;
+          types[key] = per_group[g]->value.type;
           first_tensor[key][g] = out.tensors.size();
-          for (const auto& p : groups[g]) {
-            ckpt::interop::host_tensor t{per_group[g]->type, p.shape, std::vector<std::byte>(p.numel * ckpt::size_of(per_group[g]->type))};
-            out.tensors.emplace_back("optimizer.state." + key + "." + p.name, std::move(t));
-          }
+          for (const auto& p : groups[g]) out.tensors.push_back({"optimizer.state." + key + "." + p.name, per_group[g]->value.type, p.shape, {}});
         }
       }
     } else if (slices.size() != filled.size()) {
@@ -197,16 +214,17 @@ inline zero_state join_zero_partitions(const std::vector<std::filesystem::path>&
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const auto* part = per_group[g];
         if (!part) throw bad(f, "group " + std::to_string(g) + " has no " + key);
-        if (part->type != types[key])
-          throw bad(f, key + " of group " + std::to_string(g) + " is " + std::string(ckpt::to_string(part->type)) + ", in " +
+        if (part->value.type != types[key])
+          throw bad(f, key + " of group " + std::to_string(g) + " is " + std::string(ckpt::to_string(part->value.type)) + ", in " +
                            files[0].filename().string() + " " + std::string(ckpt::to_string(types[key])));
-        const std::uint64_t start = fi->second[g], len = part->numel(), es = ckpt::size_of(part->type);
+        const std::uint64_t start = fi->second[g], len = part->value.numel(), es = ckpt::size_of(part->value.type);
         fi->second[g] += len;
         std::size_t ti = first_tensor[key][g];
+        const auto shell = std::make_shared<const ckpt::interop::py_tensor>(*part);  // one per slice, shared by its parameters
         for (const auto& p : groups[g]) {
-          auto& dst = out.tensors[ti++].second;
+          auto& dst = out.tensors[ti++];
           const std::uint64_t lo = std::max(start, p.offset), hi = std::min(start + len, p.offset + p.numel);
-          if (lo < hi) std::memcpy(dst.data.data() + (lo - p.offset) * es, part->data.data() + (lo - start) * es, (hi - lo) * es);
+          if (lo < hi) dst.segments.push_back({static_cast<std::size_t>(d), shell, (lo - start) * es, (lo - p.offset) * es, (hi - lo) * es});
         }
       }
     }
