@@ -713,6 +713,43 @@ def neox_pipeline_with_zero_imports():
         check(not os.path.exists(os.path.join(root, "latest")), f"{bad}: something was committed")
 
 
+def flip_tensor_byte(pt):
+    """Flips a byte in the middle of the largest tensor storage of a torch.save archive (its
+    CRC-32 stays as it was)."""
+    with zipfile.ZipFile(pt) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    at = info.file_size // 2
+    with open(pt, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        n, m = struct.unpack("<HH", f.read(4))
+        pos = info.header_offset + 30 + n + m + at
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+@case
+def damaged_tensor_bytes_are_caught_while_streaming():
+    # Import reads tensors from the files as it saves them: a flipped byte in a Megatron rank's
+    # tensor, or in a ZeRO partition's flat vector, fails the CRC-32 check; nothing is committed.
+    model = megatron_global_model(8)
+    src = os.path.join(tmp, "mlm_flipped")
+    tag = write_megatron(src, model, 2, 1, 20)
+    flip_tensor_byte(os.path.join(tag, "mp_rank_01", "model_optim_rng.pt"))
+    root = os.path.join(tmp, "from_mlm_flipped")
+    p = run("import", src, root, expect="nonzero")
+    check("CRC-32 mismatch" in p.stderr and "mp_rank_01/model_optim_rng.pt" in p.stderr, p.stderr)
+    check(not os.path.exists(os.path.join(root, "latest")), "a damaged source was committed")
+    neox = os.path.join(tmp, "neox_flipped")
+    tag = dsw.write(neox, dsw.neox_pipeline_model(12), 2, 2, 2, 30)
+    flip_tensor_byte(os.path.join(tag, "zero_pp_rank_1_mp_rank_02_optim_states.pt"))
+    root = os.path.join(tmp, "from_neox_flipped")
+    p = run("import", neox, root, expect="nonzero")
+    check("CRC-32 mismatch" in p.stderr and "zero_pp_rank_1_mp_rank_02_optim_states.pt" in p.stderr, p.stderr)
+    check(not os.path.exists(os.path.join(root, "latest")), "a damaged partition was committed")
+
+
 @case
 def safetensors_export_is_aligned_and_keeps_metadata():
     # Mixed dtypes, names in an order that would misalign them: every tensor must start at a
