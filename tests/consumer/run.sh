@@ -2,7 +2,10 @@
 # Installs ckpt into a temporary prefix and builds tests/consumer/consumer.cpp against the
 # installed copy, the way a user's project would find it, then runs the program.
 #
-#   run.sh pkg-config|cmake <source root> <meson> <version> <c++ compiler command...>
+#   run.sh pkg-config|cmake|cmake-subdirectory|cmake-fetchcontent <source root> <meson> <version> <c++ compiler command...>
+#
+# The last two build tests/consumer/in_tree without installing anything: add_subdirectory of
+# the checkout, and FetchContent of an archive of it (file:// URL, no network).
 #
 # Set CKPT_KEEP_TMP=1 to keep the temporary directory for a look after a failure.
 set -u -o pipefail
@@ -34,6 +37,46 @@ fail() {
 }
 
 step() { echo "[$mode] $*"; }
+
+# add_subdirectory and FetchContent take ckpt in as source, through its top-level
+# CMakeLists.txt, with nothing installed.
+case "$mode" in
+  cmake-subdirectory|cmake-fetchcontent)
+    command -v cmake >/dev/null || fail "cmake is not installed"
+    how=${mode#cmake-}
+    args=(-DCKPT_HOW="$how")
+    if [ "$how" = subdirectory ]; then
+      args+=(-DCKPT_SOURCE="$source_root")
+      expected_include=$source_root/include
+    else
+      # What a release archive holds of the tree; FetchContent downloads and unpacks it.
+      tar -C "$source_root" -czf "$tmp/ckpt.tar.gz" --transform 's,^,ckpt/,' CMakeLists.txt meson.build include ||
+        fail "cannot pack $source_root"
+      args+=(-DCKPT_URL="file://$tmp/ckpt.tar.gz")
+      expected_include=$tmp/cmake-build/_deps/ckpt-src/include
+    fi
+    step "cmake -S $here/in_tree ${args[*]}"
+    cmake -S "$here/in_tree" -B "$tmp/cmake-build" "${args[@]}" -DCMAKE_CXX_COMPILER="${cxx[-1]}" -DCMAKE_BUILD_TYPE=Debug \
+      >"$tmp/cmake.log" 2>&1 || fail "cmake configure with $how failed" "$tmp/cmake.log"
+    grep -- "-- ckpt" "$tmp/cmake.log"
+    got=$(sed -n 's/^-- ckpt::ckpt headers: //p' "$tmp/cmake.log")
+    [ "$(realpath "$got")" = "$(realpath "$expected_include")" ] || fail "ckpt::ckpt's headers are $got, not $expected_include" "$tmp/cmake.log"
+    cmake --build "$tmp/cmake-build" >"$tmp/compile.log" 2>&1 || fail "the consumer does not build through $how / ckpt::ckpt" "$tmp/compile.log"
+    run_dir=$tmp/checkpoint
+    mkdir -p "$run_dir"
+    step "run consumer"
+    "$tmp/cmake-build/consumer" "$run_dir" || fail "the consumer built through $how ran and failed (exit $?)"
+    if [ -x "$tmp/cmake-build/consumer_interop" ]; then
+      "$tmp/cmake-build/consumer_interop" "$run_dir" || fail "consumer_interop (ckpt::interop) built through $how failed"
+    else
+      grep -q "interop TRUE" "$tmp/cmake.log" && fail "ckpt::interop was found, but consumer_interop was not built" "$tmp/cmake.log"
+    fi
+    # It links every optional target found; it runs without a GPU (the CUDA call only fails).
+    "$tmp/cmake-build/consumer_parts" || fail "consumer_parts (the optional targets) built through $how failed"
+    echo "PASS [$mode]"
+    exit 0
+    ;;
+esac
 
 # 1. Install, as a packager or a user would, into a prefix of our own (headers only: nothing
 #    is compiled, as the benchmarks, tests, examples and the ckpt tool are off).
