@@ -5,12 +5,16 @@
 
 #include <array>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtype.hpp"
@@ -35,6 +39,52 @@ struct device {
   friend constexpr bool operator==(device, device) = default;
 };
 
+/// A shape or an offset in the user's own integer type: `{rows, cols}` with `int`, `int64_t`
+/// or `size_t` sizes (mixed, too), a `shape_t`, or any range of integers (`std::vector<int>`,
+/// `std::array<std::int64_t, 2>`, LibTorch's `IntArrayRef`), without narrowing warnings. A
+/// negative value is kept as it is (a value of 2^63 or above) so that `v.tensor` can refuse the
+/// tensor by name: sizes and offsets must lie below 2^63.
+///
+/// @code
+/// int rows = 64, cols = 32;
+/// v.tensor("fc.weight", ckpt::view(w.data(), {rows, cols}));
+/// @endcode
+class extents : public shape_t {
+ public:
+  extents() = default;
+  extents(shape_t dims) noexcept : shape_t(std::move(dims)) {}  // NOLINT: implicit on purpose
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  extents(std::initializer_list<I> dims) {  // NOLINT: {64, 32}
+    reserve(dims.size());
+    for (const auto d : dims) push_back(static_cast<std::uint64_t>(d));
+  }
+  template <std::integral... I>
+    requires(sizeof...(I) >= 2 && (!std::same_as<I, bool> && ...))
+  extents(I... dims) {  // NOLINT: {rows, 0} with rows and 0 of different types
+    (push_back(static_cast<std::uint64_t>(dims)), ...);
+  }
+  template <class R>
+    requires(!std::convertible_to<const R&, shape_t> && requires(const R& r) {
+      { *std::begin(r) } -> std::convertible_to<std::int64_t>;
+      std::end(r);
+    } && std::integral<std::remove_cvref_t<decltype(*std::begin(std::declval<const R&>()))>>)
+  extents(const R& dims) {  // NOLINT: a range of the user's integers
+    for (const auto d : dims) push_back(static_cast<std::uint64_t>(d));
+  }
+};
+
+namespace detail {
+/// Sizes and offsets at or above this were negative in the user's signed type.
+inline constexpr std::uint64_t first_negative = std::uint64_t{1} << 63;
+/// "dimension 1 is -3", for the first entry of `dims` that was negative, or "".
+inline std::string negative_entry(std::span<const std::uint64_t> dims) {
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    if (dims[i] >= first_negative) return "dimension " + std::to_string(i) + " is " + std::to_string(static_cast<std::int64_t>(dims[i]));
+  return {};
+}
+}  // namespace detail
+
 /// Which part of a global tensor a local tensor holds.
 ///
 /// A tensor without a shard spec is the whole global tensor. With one, it is the slice that
@@ -47,8 +97,8 @@ struct device {
 /// ckpt::shard_spec s{.global_shape = {1024, 512}, .offset = {r * 256, 0}};
 /// @endcode
 struct shard_spec {
-  shape_t global_shape;
-  shape_t offset;
+  extents global_shape;
+  extents offset;
   bool replicated = false;
 
   /// A full copy of the tensor that other ranks hold too.
@@ -101,6 +151,35 @@ class tensor_ref {
     writable_ = false;
   }
 
+  /// As the constructor, but a shape with a negative size or more than 2^64 elements is kept
+  /// with `problem()` saying what is wrong (and no bytes) instead of throwing, so that
+  /// `v.tensor` can refuse it naming the tensor. What `view` makes.
+  static tensor_ref checked_later(dtype type, shape_t shape, std::byte* data, bool writable, device where = device::host()) {
+    std::string problem = detail::negative_entry(shape);
+    if (problem.empty()) {
+      std::uint64_t n = 1;
+      for (const auto d : shape) {
+        if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) problem = "its element count overflows 64 bits";
+        n *= d;
+      }
+      if (problem.empty() && n > std::numeric_limits<std::uint64_t>::max() / (size_of(type) ? size_of(type) : 1))
+        problem = "its size in bytes overflows 64 bits";
+    }
+    if (problem.empty()) {
+      tensor_ref t(type, std::move(shape), static_cast<void*>(data), where);
+      t.writable_ = writable;
+      return t;
+    }
+    tensor_ref t(type, shape_t{0}, static_cast<void*>(data), where);
+    t.shape_ = std::move(shape);
+    t.writable_ = writable;
+    t.problem_ = "shape " + detail::to_string(t.shape_) + ": " + problem;
+    return t;
+  }
+
+  /// What makes this tensor unusable (a negative size given to `view`), or empty.
+  const std::string& problem() const noexcept { return problem_; }
+
   dtype type() const noexcept { return type_; }
   const shape_t& shape() const noexcept { return shape_; }
   std::byte* data() const noexcept { return data_; }
@@ -138,6 +217,7 @@ class tensor_ref {
   std::uint64_t bytes_ = 0;
   bool writable_ = true;
   std::optional<shard_spec> shard_;
+  std::string problem_;
 };
 
 /// A tensor over `data` with the given shape. `T` must be an element type (see `dtype_of`).
@@ -147,15 +227,18 @@ class tensor_ref {
 /// v.tensor("fc.weight", ckpt::view(w.data(), {64, 32}));
 /// @endcode
 template <element_type T>
-tensor_ref view(T* data, shape_t shape, device where = device::host()) {
-  return tensor_ref(dtype_of<std::remove_cv_t<T>>::value, std::move(shape), data, where);
+tensor_ref view(T* data, extents shape, device where = device::host()) {
+  using E = std::remove_cv_t<T>;
+  return tensor_ref::checked_later(dtype_of<E>::value, std::move(shape), reinterpret_cast<std::byte*>(const_cast<E*>(data)),
+                                   !std::is_const_v<T>, where);
 }
 
 /// A tensor over a vector's elements with the given shape, which must hold exactly `v.size()`
 /// elements.
 template <element_type T, class A>
-tensor_ref view(std::vector<T, A>& v, shape_t shape) {
+tensor_ref view(std::vector<T, A>& v, extents shape) {
   static_assert(!std::is_same_v<T, bool>, "ckpt: std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
+  if (!detail::negative_entry(shape).empty()) return view(v.data(), std::move(shape));  // refused by v.tensor, by name
   const auto n = detail::element_count(shape, "view of shape " + detail::to_string(shape));
   if (n != v.size())
     throw error(error_kind::invalid_argument, "view of shape " + detail::to_string(shape) + " needs " +

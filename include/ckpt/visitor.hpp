@@ -217,7 +217,17 @@ class visitor {
                   "std::vector or std::array of an element type, an element-type scalar, or a type with a "
                   "ckpt::tensor_traits<T> specialisation providing `static ckpt::tensor_ref ref(T&)`");
     auto full = qualified(name);
-    tensors_.push_back({std::move(full), tensor_traits<std::remove_cvref_t<T>>::ref(t)});
+    auto ref = tensor_traits<std::remove_cvref_t<T>>::ref(t);
+    // A size the user's signed type made negative (view, shard_spec) is refused here, by name.
+    if (!ref.problem().empty())
+      throw error(error_kind::invalid_argument, "tensor " + detail::printable(full) + ": " + ref.problem());
+    if (const auto& s = ref.shard(); s && !s->replicated)
+      for (const auto* what : {&s->global_shape, &s->offset})
+        if (const auto bad = detail::negative_entry(*what); !bad.empty())
+          throw error(error_kind::invalid_argument, "tensor " + detail::printable(full) + ": its shard spec's " +
+                                                        (what == &s->offset ? "offset " : "global shape ") + detail::to_string(*what) +
+                                                        " is negative in " + bad);
+    tensors_.push_back({std::move(full), std::move(ref)});
   }
 
   /// Records a value: anything cereal can serialise (counters, configs, strings, containers of

@@ -1,0 +1,107 @@
+// Shapes and shard specs in the user's own integer types (ckpt::extents): no narrowing
+// warnings for int, int64_t or size_t sizes, and a negative or overflowing size refused by
+// v.tensor naming the tensor.
+
+#include "helpers.hpp"
+#include "on_ranks.hpp"
+
+#include <ckpt/in_process.hpp>
+#include <ckpt/reader.hpp>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using test::mentions;
+
+struct int_sized {
+  int rows = 3, cols = 4;
+  std::int64_t r = 1;
+  std::size_t global_rows = 6;
+  std::vector<float> w = std::vector<float>(12), b = std::vector<float>(4);
+  template <class V>
+  void checkpoint(V& v) {
+    // The calls a user writes with their own integer types. Here a conversion that narrows or
+    // changes sign is an error, so these lines prove none happens in the user's code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wconversion"
+#pragma GCC diagnostic error "-Wsign-conversion"
+#pragma GCC diagnostic error "-Wnarrowing"
+    v.tensor("w", ckpt::view(w.data(), {rows, cols}).sharded({.global_shape = {global_rows, cols}, .offset = {r * rows, 0}}));
+    v.tensor("b", ckpt::view(b, {static_cast<std::int64_t>(cols)}));
+#pragma GCC diagnostic pop
+  }
+};
+
+std::string visit_error(auto&& f) {
+  try {
+    ckpt::visitor v;
+    f(v);
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::invalid_argument);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("extents: shapes in int, int64_t, size_t, mixed, and ranges of them") {
+  std::vector<float> w(12);
+  const int i = 3;
+  const std::int64_t l = 4;
+  const std::size_t z = 3;
+  CHECK(ckpt::view(w.data(), {i, 4}).shape() == ckpt::shape_t{3, 4});
+  CHECK(ckpt::view(w.data(), {l, i}).shape() == ckpt::shape_t{4, 3});  // mixed types
+  CHECK(ckpt::view(w.data(), {z, l}).shape() == ckpt::shape_t{3, 4});
+  CHECK(ckpt::view(w, std::vector<int>{2, 6}).shape() == ckpt::shape_t{2, 6});
+  CHECK(ckpt::view(w, std::array<std::int64_t, 3>{2, 3, 2}).shape() == ckpt::shape_t{2, 3, 2});
+  CHECK(ckpt::view(w.data(), ckpt::shape_t{12}).shape() == ckpt::shape_t{12});
+  CHECK(ckpt::view(w.data(), {}).shape().empty());  // a scalar
+  const ckpt::shard_spec s{.global_shape = {i * 2, l}, .offset = {i, 0}};
+  CHECK(s.global_shape == ckpt::shape_t{6, 4});
+  CHECK(s.offset == ckpt::shape_t{3, 0});
+  const std::vector<float> c(12);
+  CHECK_FALSE(ckpt::view(c.data(), {i, l}).writable());  // const data stays read-only
+}
+
+TEST_CASE("extents: a checkpoint made with int sizes saves and loads at another tp") {
+  test::temp_dir dir;
+  auto errors = test::on_ranks(2, [&](ckpt::in_process comm, std::uint32_t rank) {
+    int_sized s;
+    s.r = rank;
+    for (std::size_t k = 0; k < s.w.size(); ++k) s.w[k] = static_cast<float>(rank * 100 + k);
+    ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix> cp{{.tp = 2, .comm = comm}, dir.path()};
+    cp.save(1, s);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  ckpt::reader r{ckpt::posix(dir.path())};
+  std::vector<float> whole(24);
+  r.read("w", ckpt::view(whole, {6, 4}));
+  CHECK(whole[0] == 0.0f);
+  CHECK(whole[12] == 100.0f);
+  CHECK(whole[23] == 111.0f);
+}
+
+TEST_CASE("extents: a negative or overflowing size is refused by v.tensor, naming the tensor") {
+  std::vector<float> w(12);
+  const int minus = -3;
+  auto e = visit_error([&](ckpt::visitor& v) { v.group("layer", [&](auto& g) { g.tensor("w", ckpt::view(w.data(), {4, minus})); }); });
+  CHECK(mentions(e, "tensor 'layer.w'"));
+  CHECK(mentions(e, "dimension 1 is -3"));
+  e = visit_error([&](ckpt::visitor& v) { v.tensor("v", ckpt::view(w, {minus, 4})); });  // the vector view defers it too
+  CHECK(mentions(e, "tensor 'v'"));
+  CHECK(mentions(e, "dimension 0 is -3"));
+  const std::uint64_t huge = std::uint64_t{1} << 40;
+  e = visit_error([&](ckpt::visitor& v) { v.tensor("big", ckpt::view(w.data(), {huge, huge})); });
+  CHECK(mentions(e, "tensor 'big'"));
+  CHECK(mentions(e, "element count overflows 64 bits"));
+  e = visit_error([&](ckpt::visitor& v) {
+    v.tensor("s", ckpt::view(w.data(), {3, 4}).sharded({.global_shape = {6, 4}, .offset = {minus, 0}}));
+  });
+  CHECK(mentions(e, "tensor 's'"));
+  CHECK(mentions(e, "shard spec's offset"));
+  CHECK(mentions(e, "dimension 0 is -3"));
+}
