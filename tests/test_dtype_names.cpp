@@ -122,7 +122,13 @@ TEST_CASE("tensor_ref checks element counts and views check sizes") {
   CHECK(ckpt::view(v, {2, 3}).nbytes() == 24);
   CHECK_THROWS_AS(ckpt::view(v, {4, 2}), ckpt::error);
   float x = 0;
-  const auto e = test::catch_error([&] { ckpt::view(&x, {std::uint64_t{1} << 40, std::uint64_t{1} << 40}); });
+  // The constructor refuses an overflowing shape at once; view keeps it with its problem, for
+  // v.tensor to refuse naming the tensor (test_shapes.cpp).
+  const ckpt::shape_t too_many{std::uint64_t{1} << 40, std::uint64_t{1} << 40}, too_large{std::uint64_t{1} << 62, 2};
+  const auto e = test::catch_error([&] { ckpt::tensor_ref(ckpt::dtype::f32, too_many, &x); });
   CHECK(std::string(e.what()).find("overflows 64 bits") != std::string::npos);
-  CHECK_THROWS_AS(ckpt::view(&x, {std::uint64_t{1} << 62, 2}), ckpt::error);  // bytes overflow
+  CHECK_THROWS_AS(ckpt::tensor_ref(ckpt::dtype::f32, too_large, &x), ckpt::error);  // bytes overflow
+  CHECK(ckpt::view(&x, too_many).problem().find("element count overflows 64 bits") != std::string::npos);
+  CHECK(ckpt::view(&x, too_large).problem().find("size in bytes overflows 64 bits") != std::string::npos);
+  CHECK(ckpt::view(&x, too_large).nbytes() == 0);
 }
