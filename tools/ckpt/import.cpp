@@ -73,6 +73,13 @@ struct imported {
     if (i < streamed.size() && streamed[i] >= 0) return files->read(streamed[i], offset, out);
     std::memcpy(out.data(), tensors[i].second.data.data() + offset, out.size());
   }
+  /// Adds a tensor: `t` holds its bytes (k = -1), or only its dtype and shape, the bytes being
+  /// entry k of `files`.
+  void add(std::string name, ckpt::interop::host_tensor t, int k = -1) {
+    streamed.resize(tensors.size(), -1);
+    streamed.push_back(k);
+    tensors.emplace_back(std::move(name), std::move(t));
+  }
   /// Adds a tensor of the file being read: streamed when load_torch left its bytes.
   void add_tensor(std::string name, ckpt::interop::py_tensor& t) {
     int k = -1;
@@ -80,9 +87,7 @@ struct imported {
       if (!files || !source) throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: tensor " + name + " was read without its bytes");
       k = files->add(*source, t);
     }
-    streamed.resize(tensors.size(), -1);
-    streamed.push_back(k);
-    tensors.emplace_back(std::move(name), std::move(t.value));
+    add(std::move(name), std::move(t.value), k);
   }
   /// Reads `file` for flattening, its tensors' bytes left in it.
   ckpt::interop::py_object open(const fs::path& file) {
@@ -372,9 +377,7 @@ void from_torch_index(const fs::path& index, imported& out) {
                                                          ckpt::detail::printable(name) + ", which " + index.string() +
                                                          " does not place there");
       wanted.erase(w);
-      out.streamed.resize(out.tensors.size(), -1);
-      out.streamed.push_back(i < part.streamed.size() ? part.streamed[i] : -1);
-      out.tensors.emplace_back(std::move(name), std::move(t));
+      out.add(std::move(name), std::move(t), i < part.streamed.size() ? part.streamed[i] : -1);
     }
   }
   if (!wanted.empty())
@@ -388,9 +391,7 @@ template <class FileOf>
 void from_safetensors(FileOf file_of, const std::vector<ckpt::interop::safetensors_entry>& entries,
                       const ckpt::interop::safetensors_metadata& meta, imported& out) {
   for (const auto& e : entries) {
-    out.streamed.resize(out.tensors.size(), -1);
-    out.streamed.push_back(e.nbytes() == 0 ? -1 : out.files->add(file_of(e.name), e));
-    out.tensors.emplace_back(e.name, ckpt::interop::host_tensor{e.type, e.shape, {}});
+    out.add(e.name, ckpt::interop::host_tensor{e.type, e.shape, {}}, e.nbytes() == 0 ? -1 : out.files->add(file_of(e.name), e));
   }
   for (const auto& [k, v] : meta) {
     if (k == "ckpt_iteration") {
@@ -687,9 +688,7 @@ int import_checkpoint(const import_args& a, const fs::path& src) {
         const int k = files.add(t.type, t.shape, std::move(pieces));
         ranks[r].origin.resize(ranks[r].tensors.size());
         ranks[r].origin.push_back(c.ranks[r].zero.front().filename().string() + " ...");
-        ranks[r].streamed.resize(ranks[r].tensors.size(), -1);
-        ranks[r].streamed.push_back(k);
-        ranks[r].tensors.emplace_back(std::move(t.name), ckpt::interop::host_tensor{t.type, t.shape, {}});
+        ranks[r].add(std::move(t.name), ckpt::interop::host_tensor{t.type, t.shape, {}}, k);
       }
       ranks[r].source = parts.front();  // the rest's tensors (a step count) are partition 0's
       flatten(z.rest, "optimizer", ranks[r], true);

@@ -36,18 +36,11 @@ class file_tensors {
   }
   /// Records `t` (read without its bytes) and gives its number.
   int add(ckpt::interop::torch_tensor_source& src, const ckpt::interop::py_tensor& t) {
-    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
-    ckpt::interop::py_tensor shell{ckpt::interop::host_tensor{t.value.type, t.value.shape, {}}, t.storage, false};
-    entries_.push_back({&src, std::move(shell), nullptr, {}, {}});
-    return static_cast<int>(entries_.size() - 1);
+    return push({&src, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.value.type, t.value.shape, {}}, t.storage, false}, nullptr, {}, {}});
   }
   /// Records tensor `name` of a safetensors file (which must outlive this table).
   int add(const ckpt::interop::safetensors_file& file, const ckpt::interop::safetensors_entry& t) {
-    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
-    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.type, t.shape, {}}, {}, false}, &file, t.name, {}});
-    return static_cast<int>(entries_.size() - 1);
+    return push({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{t.type, t.shape, {}}, {}, false}, &file, t.name, {}});
   }
   /// Records a tensor joined from pieces of others: segment i puts `bytes` bytes of `flat`
   /// (from byte `from`, in `sources[i]`) at byte `at`. A ZeRO parameter's state is one.
@@ -57,12 +50,9 @@ class file_tensors {
     std::uint64_t from, at, bytes;
   };
   int add(ckpt::dtype type, ckpt::shape_t shape, std::vector<piece> pieces) {
-    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
     std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) { return a.at < b.at; });
-    entries_.push_back({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{type, std::move(shape), {}}, {}, false}, nullptr, {},
-                        std::move(pieces)});
-    return static_cast<int>(entries_.size() - 1);
+    return push({nullptr, ckpt::interop::py_tensor{ckpt::interop::host_tensor{type, std::move(shape), {}}, {}, false}, nullptr, {},
+                 std::move(pieces)});
   }
   /// Bytes [offset, offset + out.size()) of tensor `k`.
   void read(int k, std::uint64_t offset, std::span<std::byte> out) const {
@@ -98,6 +88,14 @@ class file_tensors {
     std::string name;
     std::vector<piece> pieces;  // or joined from pieces of others
   };
+  /// Appends `e`; its number is what a tensor_ref on device::external(number) reads.
+  int push(entry e) {
+    if (entries_.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw ckpt::error(ckpt::error_kind::invalid_argument, "ckpt import: too many tensors");
+    entries_.push_back(std::move(e));
+    return static_cast<int>(entries_.size() - 1);
+  }
+
   std::vector<std::unique_ptr<ckpt::interop::torch_tensor_source>> sources_;
   std::deque<entry> entries_;
 };

@@ -302,6 +302,19 @@ inline void gather(const py_tensor& t, const std::byte* storage, std::byte* out)
   }
 }
 
+/// The folder a torch.save archive keeps its records in: whatever the first entry sits in, as
+/// torch's own reader decides it.
+inline std::string archive_top(const zip_reader& zip) {
+  const std::string file = zip.path().string();
+  if (zip.entries().empty()) throw error(error_kind::corrupt, file + ": empty zip archive, not a torch.save file");
+  const std::string& first = zip.entries().front().name;
+  const auto slash = first.find('/');
+  if (slash == std::string::npos || slash == 0)
+    throw error(error_kind::corrupt, file + ": zip entry " + ckpt::detail::printable(first) +
+                                         " is not inside a folder, so this is not a torch.save archive");
+  return first.substr(0, slash);
+}
+
 struct tensor_site {
   py_tensor* tensor;
   std::string path;
@@ -348,14 +361,7 @@ inline py_object load_torch(const std::filesystem::path& path, torch_load_option
                                               "since PyTorch 1.6)");
   }
   zip_reader zip(path);
-  if (zip.entries().empty()) throw error(error_kind::corrupt, file + ": empty zip archive, not a torch.save file");
-  // The top folder is whatever the first entry sits in, as torch's own reader decides it.
-  const std::string& first = zip.entries().front().name;
-  const auto slash = first.find('/');
-  if (slash == std::string::npos || slash == 0)
-    throw error(error_kind::corrupt, file + ": zip entry " + ckpt::detail::printable(first) +
-                                         " is not inside a folder, so this is not a torch.save archive");
-  const std::string top = first.substr(0, slash);
+  const std::string top = detail::archive_top(zip);
   const zip_entry* pkl = zip.find(top + "/data.pkl");
   if (!pkl)
     throw error(error_kind::corrupt, file + ": no " + ckpt::detail::printable(top + "/data.pkl") +
@@ -459,11 +465,7 @@ inline py_object load_torch(const std::filesystem::path& path, torch_load_option
 /// @endcode
 class torch_tensor_source {
  public:
-  explicit torch_tensor_source(const std::filesystem::path& path) : zip_(path) {
-    if (zip_.entries().empty()) throw error(error_kind::corrupt, path.string() + ": empty zip archive, not a torch.save file");
-    const std::string& first = zip_.entries().front().name;
-    top_ = first.substr(0, first.find('/'));
-  }
+  explicit torch_tensor_source(const std::filesystem::path& path) : zip_(path), top_(detail::archive_top(zip_)) {}
 
   /// Bytes [offset, offset + out.size()) of `t`'s elements (row-major, as `value.data` would
   /// hold them).
