@@ -22,8 +22,10 @@ build_dir=${BUILD_DIR:-build}
 # libcurl4-openssl-dev and libssl-dev are what ckpt::s3 is built on (requests and SigV4; MD5 and
 # SHA-256); awscli is the independent client the S3 tests cross-check against, and npm installs
 # the S3-compatible server they run against (s3rver, pinned in tests/s3/package-lock.json).
+# libtorch-dev and libeigen3-dev are the engines the adapters in include/ckpt/adapters serve.
 packages=(g++ meson ninja-build pkg-config cmake libcereal-dev doctest-dev libxxhash-dev libzstd-dev libopenmpi-dev openmpi-bin
-          zlib1g-dev libcli11-dev python3-torch libcurl4-openssl-dev libssl-dev awscli)
+          zlib1g-dev libcli11-dev python3-torch libcurl4-openssl-dev libssl-dev awscli
+          libtorch-dev libeigen3-dev)
 
 install_missing() {
   local missing=()
