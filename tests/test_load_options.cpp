@@ -2,6 +2,9 @@
 // dtype checks, the config check, and forward-pass validation logits.
 
 #include "helpers.hpp"
+#include "on_ranks.hpp"
+
+#include <ckpt/in_process.hpp>
 
 using test::catch_error;
 using test::every_dtype_state;
@@ -218,4 +221,112 @@ TEST_CASE("validation logits: a reproduced forward pass passes, a different one 
   CHECK(e.kind() == ckpt::error_kind::not_found);
   // A strict load ignores the stored logits when no check is asked for.
   cp.load(b, {.iteration = 1});
+}
+
+// ---- state created on load (visitor::saved) -----------------------------------------------------
+
+namespace {
+/// An engine whose optimizer moments exist only after its first step: checkpoint() creates
+/// them on load, with the saved size, when the checkpoint has them. At tp > 1 this rank holds
+/// one slice of the 8 elements.
+struct lazy_moments {
+  std::uint64_t tp = 1, rank = 0;
+  std::vector<float> w;
+  std::vector<float> exp_avg;  // empty until the first step
+  std::int64_t step = 0;
+  bool saw_saved_on_save = false;
+  explicit lazy_moments(std::uint64_t tp_ = 1, std::uint64_t rank_ = 0) : tp(tp_), rank(rank_), w(8 / tp_) {}
+  ckpt::shard_spec spec() const { return {.global_shape = {8}, .offset = {rank * w.size()}}; }
+  void first_step() {
+    exp_avg.resize(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) exp_avg[i] = static_cast<float>(rank * w.size() + i) + 0.5f;
+    step = 1;
+  }
+  void checkpoint(ckpt::visitor& v) {
+    v.tensor("w", ckpt::view(w, {w.size()}).sharded(spec()));
+    v.group("optimizer", [&](ckpt::visitor& g) {
+      if (!g.loading() && g.saved("exp_avg")) saw_saved_on_save = true;
+      if (const auto s = g.saved("exp_avg"); s && exp_avg.empty()) {
+        // The global shape: this rank takes its slice. (Thrown, not CHECKed: ranks are threads.)
+        if (s->type != ckpt::dtype::f32 || s->shape != ckpt::shape_t{8}) throw std::runtime_error("saved() told another dtype or shape");
+        exp_avg.resize(s->numel() / tp);
+      }
+      if (!exp_avg.empty()) {
+        g.tensor("exp_avg", ckpt::view(exp_avg, {exp_avg.size()}).sharded(spec()));
+        g.value("step", step);
+      }
+    });
+  }
+};
+}  // namespace
+
+TEST_CASE("state that exists only after the first step is created on load with the saved shape") {
+  ckpt::memory_storage mem;
+  lazy_moments stepped;
+  stepped.first_step();
+  make(mem).save(1, stepped);
+  CHECK_FALSE(stepped.saw_saved_on_save);  // saved() answers nothing on save
+
+  lazy_moments fresh;  // never stepped
+  const auto r = make(mem).load(fresh, {.strict = true});  // strict: the created tensor counts as present
+  CHECK(r.missing.empty());
+  CHECK(r.unexpected.empty());
+  CHECK(fresh.exp_avg == stepped.exp_avg);
+  CHECK(fresh.step == 1);
+
+  SUBCASE("a checkpoint from before the first step creates nothing") {
+    ckpt::memory_storage early;
+    lazy_moments never;
+    make(early).save(0, never);
+    lazy_moments into;
+    make(early).load(into, {.strict = true});
+    CHECK(into.exp_avg.empty());
+  }
+  SUBCASE("a skipped optimizer group is not created") {
+    lazy_moments into;
+    const auto skipped = make(mem).load(into, {.load_optimizer = false});
+    CHECK(into.exp_avg.empty());
+    CHECK(skipped.skipped.size() == 2);
+  }
+  SUBCASE("saved_value and names inside groups") {
+    struct probe {
+      bool step = false, nothing = true, outside = true;
+      void checkpoint(ckpt::visitor& v) {
+        v.group("optimizer", [&](ckpt::visitor& g) {
+          step = g.saved_value("step");
+          nothing = g.saved_value("exp_avg") || g.saved("nothing").has_value();
+        });
+        outside = v.saved("exp_avg").has_value();  // it is optimizer.exp_avg, not exp_avg
+      }
+    } p;
+    make(mem).load(p, {.strict = false});
+    CHECK(p.step);
+    CHECK_FALSE(p.nothing);
+    CHECK_FALSE(p.outside);
+  }
+}
+
+TEST_CASE("state created on load reshards: saved at tp=2, created and loaded at tp=1 and at tp=4") {
+  test::temp_dir dir;
+  auto errors = test::on_ranks(2, [&](ckpt::in_process comm, std::uint32_t r) {
+    lazy_moments s(2, r);
+    s.first_step();
+    ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix> cp{{.tp = 2, .comm = comm}, dir.str()};
+    cp.save(1, s);
+  });
+  REQUIRE((errors == std::vector<std::string>{"", ""}));
+  for (std::uint32_t tp : {1u, 4u}) {
+    CAPTURE(tp);
+    std::vector<std::vector<float>> got(tp);
+    errors = test::on_ranks(tp, [&](ckpt::in_process comm, std::uint32_t r) {
+      lazy_moments s(tp, r);
+      ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix> cp{{.tp = tp, .comm = comm}, dir.str()};
+      cp.load(s, {.strict = true, .on_topology_change = ckpt::topology_change::from_rank_0});
+      got[r] = s.exp_avg;
+    });
+    REQUIRE((errors == std::vector<std::string>(tp)));
+    std::vector<float> joined;
+    for (const auto& g : got) joined.insert(joined.end(), g.begin(), g.end());
+    CHECK((joined == std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f, 7.5f}));
+  }
 }

@@ -233,6 +233,7 @@ class checkpointer {
     detail::metadata md;
     load_result result;
     visitor v;
+    saved_contents contents;  // what v.saved() answers while the state is visited
     detail::collective(comm, [&] {
       md = parsed ? std::move(*parsed) : detail::decode_metadata(text, md_name);
       detail::decode_chunk_map(detail::as_bytes(map), md, storage_.describe(chunk_map_key(tag, md)));
@@ -248,7 +249,9 @@ class checkpointer {
       if (opts.config && opts.check_config) check_config(md, *opts.config, opts.ignore_config_keys, md_name);
       std::vector<std::string> skip = opts.skip_groups;
       if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
-      v = visitor(skip);
+      for (const auto& t : md.tensors) contents.add_tensor(t.name, t.type, t.shape);
+      for (const auto& val : md.values) contents.add_value(val.name);
+      v = visitor(skip, contents);
       detail::visit_state(v, state);
       match_names(md, v, result);
     });

@@ -177,6 +177,18 @@ class tensor_ref {
     return t;
   }
 
+  /// A tensor `v.tensor` refuses, with an invalid_argument error naming it and saying `why`:
+  /// how an adapter's `tensor_traits::ref`, which does not know the name, rejects its input.
+  ///
+  /// @code
+  /// if (!t.is_contiguous()) return ckpt::tensor_ref::refused("it is not contiguous");
+  /// @endcode
+  static tensor_ref refused(std::string why) {
+    tensor_ref t(dtype::u8, shape_t{0}, static_cast<void*>(nullptr));
+    t.problem_ = std::move(why);
+    return t;
+  }
+
   /// What makes this tensor unusable (a negative size given to `view`), or empty.
   const std::string& problem() const noexcept { return problem_; }
 

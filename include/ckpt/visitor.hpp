@@ -5,10 +5,13 @@
 #include <array>
 #include <functional>
 #include <locale>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -152,6 +155,7 @@ template <class T>
 void decode_value(std::span<const std::byte> bytes, T& x, const std::string& where) {
   span_streambuf buf(bytes);
   std::istream is(&buf);
+  bool parsed = true;
   try {
     if constexpr (cereal_value<T>) {
       cereal::PortableBinaryInputArchive ar(is);
@@ -159,14 +163,15 @@ void decode_value(std::span<const std::byte> bytes, T& x, const std::string& whe
     } else {
       is.imbue(std::locale::classic());
       is >> x;
-      if (!is) throw error(error_kind::mismatch, where + ": the stored text does not parse as the live type");
+      parsed = static_cast<bool>(is);
       is >> std::ws;
     }
-  } catch (const error&) {
-    throw;
+  } catch (const error& e) {  // a type's own load refused what it read: say which value
+    throw error(e.kind(), where + ": " + e.what());
   } catch (const std::exception& e) {
     throw error(error_kind::mismatch, where + ": cannot be read as the live type (" + e.what() + ")");
   }
+  if (!parsed) throw error(error_kind::mismatch, where + ": the stored text does not parse as the live type");
   if (buf.remaining() != 0)
     throw error(error_kind::mismatch, where + ": stored " + std::to_string(bytes.size()) + " bytes, the live type read " +
                                           std::to_string(bytes.size() - buf.remaining()));
@@ -186,9 +191,53 @@ struct value_entry {
   std::function<void(std::span<const std::byte>, const std::string& where)> load;
 };
 
+/// What the checkpoint a load reads holds under one tensor name (see `visitor::saved`).
+struct saved_tensor {
+  dtype type;
+  shape_t shape;  ///< the global shape (a sharded tensor's whole, not one rank's slice)
+
+  /// Elements of the global shape (metadata.json's shapes were checked not to overflow).
+  std::uint64_t numel() const { return detail::element_count(shape, "saved tensor"); }
+};
+
+/// The names a load's checkpoint holds, for `visitor::saved`: built by the checkpointer from
+/// metadata.json before it visits the state. The names are views into the metadata.
+class saved_contents {
+ public:
+  void add_tensor(std::string_view name, dtype type, const shape_t& shape) { tensors_.emplace(name, entry{type, &shape}); }
+  void add_value(std::string_view name) { values_.insert(name); }
+
+  std::optional<saved_tensor> tensor(std::string_view name) const {
+    const auto it = tensors_.find(name);
+    if (it == tensors_.end()) return std::nullopt;
+    return saved_tensor{it->second.type, *it->second.shape};
+  }
+  bool value(std::string_view name) const { return values_.count(name) != 0; }
+
+ private:
+  struct entry {
+    dtype type;
+    const shape_t* shape;
+  };
+  std::unordered_map<std::string_view, entry> tensors_;
+  std::unordered_set<std::string_view> values_;
+};
+
+/// A value type that stands for state living elsewhere (a handle, such as
+/// `ckpt::libtorch::generator`): `v.value(name, handle(...))` may pass it as a temporary, which
+/// the visitor keeps. Declare it with a member `using ckpt_value_handle = void;`.
+template <class T>
+concept value_handle = requires { typename std::remove_cvref_t<T>::ckpt_value_handle; };
+
 /// What a Checkpointable type describes itself to. The same `checkpoint(v)` function serves
 /// save and load: the visitor only records references, and ckpt reads from them on save and
 /// writes into them on load.
+///
+/// State that does not exist until the engine has run (an optimizer's moments, created on its
+/// first step) is created on load from what the checkpoint holds: `v.saved(name)` tells a
+/// load's `checkpoint` the saved dtype and shape, before the tensor is registered. Once
+/// registered it is an ordinary tensor: checked against the checkpoint, resharded, and counted
+/// by `load_options::strict` like any other.
 ///
 /// @code
 /// struct model {
@@ -207,6 +256,31 @@ class visitor {
  public:
   /// A visitor that skips the groups whose full names are listed (load without the optimizer).
   explicit visitor(std::vector<std::string> skip_groups = {}) : skip_(std::move(skip_groups)) {}
+  /// A load's visitor: `saved` answers from `contents`, which must outlive the visit.
+  visitor(std::vector<std::string> skip_groups, const saved_contents& contents) : skip_(std::move(skip_groups)), saved_(&contents) {}
+
+  /// True while a load visits the state, false on save.
+  bool loading() const noexcept { return saved_ != nullptr; }
+
+  /// On load, the dtype and global shape the checkpoint holds for the tensor `name` (inside
+  /// the current group, as `tensor` would name it); std::nullopt on save or when the
+  /// checkpoint has no such tensor. It lets `checkpoint` create state that exists only once
+  /// the engine has run, with the saved shape, and then register it:
+  ///
+  /// @code
+  /// std::vector<float> exp_avg;  // empty until the optimizer's first step
+  /// template <class V> void checkpoint(V& v) {
+  ///   if (const auto s = v.saved("exp_avg"); s && exp_avg.empty()) exp_avg.resize(s->numel());
+  ///   if (!exp_avg.empty()) v.tensor("exp_avg", exp_avg);
+  /// }
+  /// @endcode
+  std::optional<saved_tensor> saved(std::string_view name) const {
+    if (!saved_) return std::nullopt;
+    return saved_->tensor(prefix_ + std::string(name));
+  }
+  /// On load, whether the checkpoint holds the value `name` (inside the current group); false
+  /// on save.
+  bool saved_value(std::string_view name) const { return saved_ && saved_->value(prefix_ + std::string(name)); }
 
   /// Records a tensor: a `tensor_ref`, or anything `tensor_traits` adapts (`std::vector`,
   /// `std::array`, an element-type scalar).
@@ -241,6 +315,17 @@ class visitor {
     auto full = qualified(name);
     values_.push_back({std::move(full), [&x] { return detail::encode_value(x); },
                        [&x](std::span<const std::byte> b, const std::string& where) { detail::decode_value(b, x, where); }});
+  }
+  /// Records a value handle (see `value_handle`) passed as a temporary: the visitor keeps it.
+  template <value_handle T>
+    requires(!std::is_lvalue_reference_v<T>)
+  void value(std::string_view name, T&& handle) {
+    using H = std::remove_cvref_t<T>;
+    static_assert(detail::storable_value<H>, "ckpt: a value handle must be cereal-serialisable or streamable");
+    auto full = qualified(name);
+    auto kept = std::make_shared<H>(std::forward<T>(handle));
+    values_.push_back({std::move(full), [kept] { return detail::encode_value(*kept); },
+                       [kept](std::span<const std::byte> b, const std::string& where) { detail::decode_value(b, *kept, where); }});
   }
 
   /// A named subtree: every name recorded inside `f` is prefixed with "name.". `f` is either
@@ -288,6 +373,7 @@ class visitor {
   }
 
   std::vector<std::string> skip_;
+  const saved_contents* saved_ = nullptr;
   std::vector<std::string> skipped_;
   std::string prefix_;
   std::unordered_set<std::string> seen_;
