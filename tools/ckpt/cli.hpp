@@ -166,6 +166,7 @@ struct export_args {
   std::optional<std::uint64_t> max_shard_bytes;  ///< none: one file
   bool optimizer = true;                         ///< false: leave the optimizer group out
   std::string layout = "state_dict";             ///< torch: state_dict, or megatron (model_optim_rng.pt)
+  std::optional<std::string> group;              ///< only the tensors under "group.", named without it
   std::uint64_t block_bytes = 64ull << 20;
 };
 struct import_args {

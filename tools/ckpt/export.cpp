@@ -34,26 +34,36 @@ namespace fs = std::filesystem;
 namespace {
 
 /// The tensors to export, in the checkpoint's order, with their exported dtype.
+/// With --group G, the exported names are the stored ones under "G." without that prefix
+/// (what load_state_dict expects of a module checkpointed as v.group("model", ...)).
+std::string group_prefix(const export_args& a) { return a.group ? *a.group + "." : std::string(); }
+
 std::vector<ckpt::interop::tensor_decl> exported(const ckpt::checkpoint_info& info, const export_args& a, const std::string& optimizer) {
   std::vector<ckpt::interop::tensor_decl> out;
+  const auto prefix = group_prefix(a);
   for (const auto& t : info.tensors) {
     if (t.name.starts_with("__ckpt")) continue;  // ckpt's own (validation logits)
     if (!a.optimizer && (t.name == optimizer || t.name.starts_with(optimizer + "."))) continue;
-    out.push_back({t.name, exported_dtype(t.name, t.type, a.dtype), t.shape});
+    if (!t.name.starts_with(prefix)) continue;
+    out.push_back({t.name.substr(prefix.size()), exported_dtype(t.name, t.type, a.dtype), t.shape});
   }
   if ((a.layout == "megatron" || a.layout == "deepspeed") && a.format != "torch")
     throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout " + a.layout + " is a .pt layout: use it with --format torch");
+  if (a.group && a.layout != "state_dict")
+    throw ckpt::error(ckpt::error_kind::invalid_argument, "--group exports a flat state dict: it does not go with --layout " + a.layout);
+  if (a.group && out.empty())
+    throw ckpt::error(ckpt::error_kind::invalid_argument, "--group " + *a.group + ": the checkpoint has no tensor under " + prefix);
   return out;
 }
 
 /// Streams every declared tensor from `r` into `sink(name, bytes)`, block by block, converted.
 template <class Sink>
-void stream_tensors(ckpt::reader<>& r, const std::vector<ckpt::interop::tensor_decl>& decls, std::uint64_t budget,
-                    progress_bar& bar, Sink&& sink) {
+void stream_tensors(ckpt::reader<>& r, const std::vector<ckpt::interop::tensor_decl>& decls, const std::string& prefix,
+                    std::uint64_t budget, progress_bar& bar, Sink&& sink) {
   std::vector<std::byte> block, converted;
   std::uint64_t done = 0;
   for (const auto& d : decls) {
-    const auto& t = *r.find(d.name);
+    const auto& t = *r.find(prefix + d.name);
     for_each_block(t.shape, ckpt::size_of(t.type), budget, [&](const ckpt::shape_t& offset, const ckpt::shape_t& shape) {
       const auto n = ckpt::detail::element_count(shape, t.name);
       block.resize(n * ckpt::size_of(t.type));
@@ -127,7 +137,7 @@ void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::i
   const bool nested = r.info().config.find("ckpt_import.containers") != nullptr;
   for (const auto k : which) {
     const auto& d = decls[k];
-    const auto& t = *r.find(d.name);
+    const auto& t = *r.find(group_prefix(a) + d.name);
     py_object node = w.begin_tensor(d.type, d.shape);
     stream_region(w, r, t, ckpt::shape_t(t.shape.size(), 0), t.shape, d.type, a.block_bytes, bar, done);
     w.end_tensor();
@@ -620,7 +630,7 @@ int run_export(const export_args& a) {
   const auto& info = r.info();
   const auto decls = exported(info, a, "optimizer");
   std::uint64_t total = 0;
-  for (const auto& d : decls) total += r.find(d.name)->raw_bytes;
+  for (const auto& d : decls) total += r.find(group_prefix(a) + d.name)->raw_bytes;
   const fs::path out = a.out;
   // OUT names a file when it has the format's extension, otherwise a directory that gets
   // Hugging Face's file names.
@@ -641,12 +651,12 @@ int run_export(const export_args& a) {
       auto ordered = decls;
       ckpt::interop::sort_by_alignment(ordered);
       ckpt::interop::safetensors_writer w(out, ordered, meta);
-      stream_tensors(r, ordered, a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
+      stream_tensors(r, ordered, group_prefix(a), a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
       w.finish();
     } else {
       fs::create_directories(out);
       ckpt::interop::safetensors_sharded_writer w(out, decls, meta, a.max_shard_bytes.value_or(UINT64_MAX));
-      stream_tensors(r, decls, a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
+      stream_tensors(r, decls, group_prefix(a), a.block_bytes, bar, [&](const std::string& n, std::span<const std::byte> b) { w.write(n, b); });
       w.finish();
       files = w.shards().size();
     }
@@ -659,6 +669,13 @@ int run_export(const export_args& a) {
   bar.finish();
   std::printf("exported %zu tensors (%s) of %s (iteration %" PRIu64 ") to %s as %s in %zu file(s)\n", decls.size(),
               human_bytes(static_cast<double>(total)).c_str(), info.tag.c_str(), info.iteration, a.out.c_str(), a.format.c_str(), files);
+  if (a.group) {  // what --group left behind is said, not dropped silently
+    std::size_t outside = 0;
+    for (const auto& t : info.tensors) outside += !t.name.starts_with("__ckpt") && !t.name.starts_with(group_prefix(a));
+    if (outside || !info.values.empty())
+      std::fprintf(stderr, "left out: %zu tensors outside group %s and %zu values (ckpt ls %s lists them)\n", outside, a.group->c_str(),
+                   info.values.size(), a.src.c_str());
+  }
   return exit_ok;
 }
 

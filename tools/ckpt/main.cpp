@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "f64", "float32", "bfloat16", "float16", "float64"}));
   c_ex->add_option("--max-shard-size", ex_shard, "Split the output into files of at most this size (e.g. 5GB, 500MB, 10GiB)");
   c_ex->add_flag("!--no-optimizer", ex.optimizer, "Leave the optimizer state out");
+  c_ex->add_option("--group", ex.group,
+                   "Export only the tensors of this group, named without its prefix (--group model: the names a "
+                   "module's load_state_dict expects)");
   c_ex->add_option("--layout", ex.layout,
                    "torch: state_dict (a flat dict of tensors); megatron (iteration, args, model, optimizer: one file, or "
                    "Megatron-LM's per-rank folder when OUT has no .pt extension); deepspeed (GPT-NeoX/DeepSpeed's per-rank folder)")
