@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +44,19 @@ std::vector<ckpt::interop::tensor_decl> exported(const ckpt::checkpoint_info& in
   }
   if ((a.layout == "megatron" || a.layout == "deepspeed") && a.format != "torch")
     throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout " + a.layout + " is a .pt layout: use it with --format torch");
+  // The exported formats hold row-major (C order) tensors: a column-major one (saved by the
+  // Eigen adapter, say) written as it is stored would come out transposed, so it is refused.
+  std::string column_major;
+  for (const auto& t : info.tensors)
+    if (t.order == ckpt::layout::column_major &&
+        std::any_of(out.begin(), out.end(), [&](const ckpt::interop::tensor_decl& d) { return d.name == t.name; }))
+      column_major += (column_major.empty() ? "" : ", ") + ckpt::detail::printable(t.name) + " (logical shape " +
+                      ckpt::detail::to_string(ckpt::detail::logical_shape(t.shape, t.order)) + ")";
+  if (!column_major.empty())
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      "cannot export column-major tensors, which " + a.format +
+                          " files hold only row-major and would come out transposed: " + column_major +
+                          "; save them row-major (e.g. Eigen::RowMajor) or leave them out of the state to export");
   return out;
 }
 
