@@ -106,6 +106,16 @@ struct column_half {
   }
 };
 
+/// The same slice as column_half's, declared row-major: a load must refuse it.
+struct row_half {
+  std::vector<float>* m;
+  int rank;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", ckpt::view(m->data(), {2, 3}).sharded({.global_shape = {4, 3}, .offset = {static_cast<std::uint64_t>(2 * rank), 0}}));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("Matrix and Array: memory-order shapes and layouts") {
@@ -454,11 +464,11 @@ TEST_CASE("the layout travels in the shard index and gather messages; row-major 
   CHECK(d::merge_reports("global_step1", 1, {2, 1, 1, 2}, {}, same, 1).tensors.at(0).order == layout::column_major);
 }
 
-TEST_CASE("a column-major state saved through gather_to_root keeps its layout") {
+TEST_CASE("a column-major state saved through gather_to_root keeps its layout, and a scattered load checks it") {
   // Two ranks, each holding half of a column-major matrix's memory-order rows (its columns).
   test::temp_dir dir;
   auto world = std::make_shared<ckpt::in_process_world>(2);
-  std::vector<std::string> failures(2);
+  std::vector<std::string> failures(2), refusals(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
@@ -467,6 +477,19 @@ TEST_CASE("a column-major state saved through gather_to_root keeps its layout") 
         Eigen::MatrixXf half = Eigen::MatrixXf::Constant(3, 2, static_cast<float>(r + 1));  // columns 2r, 2r+1 of a 3x4
         column_half s{&half, r};
         cp.save(1, s);
+        // Rank 0 reads and scatters: each rank's half comes back, checked against its layout.
+        Eigen::MatrixXf back = Eigen::MatrixXf::Zero(3, 2);
+        column_half b{&back, r};
+        cp.load(b);
+        if (!back.isConstant(static_cast<float>(r + 1))) throw std::runtime_error("rank " + std::to_string(r) + " got other data");
+        std::vector<float> rows(6);
+        row_half wrong{&rows, r};
+        try {
+          cp.load(wrong);
+          refusals[static_cast<std::size_t>(r)] = "loaded";
+        } catch (const ckpt::error& e) {
+          refusals[static_cast<std::size_t>(r)] = e.what();
+        }
       } catch (const std::exception& e) {
         failures[static_cast<std::size_t>(r)] = e.what();
       }
@@ -474,6 +497,7 @@ TEST_CASE("a column-major state saved through gather_to_root keeps its layout") 
   for (auto& t : ranks) t.join();
   CHECK(failures[0] == "");
   CHECK(failures[1] == "");
+  for (const auto& m : refusals) CHECK(test::mentions(m, "tensor 'w': saved f32 column-major [3, 4], live f32 row-major [4, 3]"));
   cp_t cp{{}, dir.path()};
   one<Eigen::MatrixXf> whole{Eigen::MatrixXf::Zero(3, 4)};
   cp.load(whole);
