@@ -894,6 +894,16 @@ class checkpointer {
       auto it = stored.find(t.name);
       if (it == stored.end()) continue;
       const auto& s = *it->second;
+      // Layouts first: a column-major tensor's shapes are in memory order, which only make
+      // sense to the user reversed (and a square matrix's agree in either order).
+      if (s.order != t.ref.order() ||
+          (s.order == layout::column_major && (s.type != t.ref.type() || s.shape != t.ref.global_shape())))
+        throw error(error_kind::mismatch, "tensor " + detail::printable(t.name) + ": saved " + std::string(to_string(s.type)) +
+                                              " " + std::string(to_string(s.order)) + " " +
+                                              detail::to_string(detail::logical_shape(s.shape, s.order)) + ", live " +
+                                              std::string(to_string(t.ref.type())) + " " + std::string(to_string(t.ref.order())) +
+                                              " " + detail::to_string(detail::logical_shape(t.ref.global_shape(), t.ref.order())) +
+                                              " (" + md_name + ")");
       if (s.type != t.ref.type() || s.shape != t.ref.global_shape())
         throw error(error_kind::mismatch, "tensor " + detail::printable(t.name) + ": saved " + std::string(to_string(s.type)) +
                                               " " + detail::to_string(s.shape) + ", live " +

@@ -59,7 +59,14 @@ struct chunk_info {
 struct tensor_info {
   std::string name;
   dtype type = dtype::f32;
-  shape_t shape;  ///< global shape
+  shape_t shape;  ///< global shape, in memory order: reversed logical shape when column-major
+  /// The order of its bytes: `column_major` for a tensor saved so (by the Eigen adapter, say),
+  /// whose logical shape is `shape` reversed; `read` needs a buffer laid out the same.
+  ///
+  /// @code
+  /// if (t.order == ckpt::layout::column_major) std::printf("%s is column-major\n", t.name.c_str());
+  /// @endcode
+  layout order = layout::row_major;
   std::uint64_t raw_bytes = 0;     ///< numel * element size
   std::uint64_t stored_bytes = 0;  ///< after compression
   std::size_t chunks = 0;
@@ -185,10 +192,15 @@ class reader {
   void read_all(std::vector<std::pair<std::string, tensor_ref>>& targets) {
     for (const auto& [n, ref] : targets) {
       const auto& t = stored(n);
-      if (ref.type() != t.type || ref.global_shape() != t.shape)
+      if (ref.type() != t.type || ref.global_shape() != t.shape || ref.order() != t.order) {
+        // Column-major tensors are named by layout too (their shapes here are in memory order).
+        const bool layouts = ref.order() != t.order || t.order == layout::column_major;
+        const auto lay = [&](layout l) { return layouts ? std::string(to_string(l)) + " " : std::string(); };
         throw error(error_kind::mismatch, "tensor " + detail::printable(n) + " is " + std::string(to_string(t.type)) + " " +
-                                              detail::to_string(t.shape) + " in " + md_name_ + ", the buffer given is " +
-                                              std::string(to_string(ref.type())) + " " + detail::to_string(ref.global_shape()));
+                                              lay(t.order) + detail::to_string(t.shape) + " in " + md_name_ +
+                                              ", the buffer given is " + std::string(to_string(ref.type())) + " " +
+                                              lay(ref.order()) + detail::to_string(ref.global_shape()));
+      }
     }
     some_tensors state{&targets};
     cp_->load(state, {.tag = info_.tag, .strict = false, .on_topology_change = topology_change::keep_live});
@@ -378,6 +390,7 @@ class reader {
       ti.name = t.name;
       ti.type = t.type;
       ti.shape = t.shape;
+      ti.order = t.order;
       const auto elem = size_of(t.type);
       std::set<std::uint32_t> files;
       std::set<std::string> codecs;

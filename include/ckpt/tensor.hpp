@@ -3,6 +3,7 @@
 /// `tensor_ref`: what ckpt knows about one tensor of the user's state (dtype, shape, where its
 /// bytes live, and which slice of a larger global tensor it is).
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <concepts>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -82,6 +84,33 @@ inline std::string negative_entry(std::span<const std::uint64_t> dims) {
   for (std::size_t i = 0; i < dims.size(); ++i)
     if (dims[i] >= first_negative) return "dimension " + std::to_string(i) + " is " + std::to_string(static_cast<std::int64_t>(dims[i]));
   return {};
+}
+}  // namespace detail
+
+/// The order in which a tensor's bytes hold its elements.
+///
+/// ckpt itself handles every tensor as row-major (C order) of the shape it is given. A
+/// column-major (Fortran order) tensor of logical shape [d0, ..., dn] is handed to ckpt with its
+/// *memory-order* shape [dn, ..., d0] and marked `column_major`: chunking, checksums and
+/// resharding then work on it unchanged, and the mark is stored so that a load into the other
+/// order is refused instead of transposing the data silently. Scalars and vectors are always
+/// `row_major`. The Eigen adapter (ckpt/adapters/eigen.hpp) sets it for you.
+///
+/// @code
+/// // a 3x4 column-major matrix: its bytes are a row-major 4x3 array
+/// v.tensor("w", ckpt::view(m.data(), {4, 3}).laid_out(ckpt::layout::column_major));
+/// @endcode
+enum class layout : std::uint8_t { row_major, column_major };
+
+/// "row-major" or "column-major", for messages.
+constexpr std::string_view to_string(layout l) noexcept { return l == layout::column_major ? "column-major" : "row-major"; }
+
+namespace detail {
+/// The shape a user knows a tensor by: `memory_order` itself for a row-major tensor, reversed for
+/// a column-major one.
+inline shape_t logical_shape(shape_t memory_order, layout l) {
+  if (l == layout::column_major) std::reverse(memory_order.begin(), memory_order.end());
+  return memory_order;
 }
 }  // namespace detail
 
@@ -211,6 +240,28 @@ class tensor_ref {
   }
   const std::optional<shard_spec>& shard() const noexcept { return shard_; }
 
+  /// Declares the order of the tensor's bytes (see `layout`); the shape given to the
+  /// constructor is then the memory-order shape. Returns *this.
+  ///
+  /// @code
+  /// // a column-major rows x cols matrix is registered with shape {cols, rows}
+  /// auto t = ckpt::view(m.data(), {cols, rows}).laid_out(ckpt::layout::column_major);
+  /// @endcode
+  tensor_ref& laid_out(layout l) & {
+    order_ = l;
+    return *this;
+  }
+  tensor_ref&& laid_out(layout l) && {
+    order_ = l;
+    return std::move(*this);
+  }
+  /// The order of the tensor's bytes: `row_major` unless `laid_out` said otherwise.
+  ///
+  /// @code
+  /// if (t.order() == ckpt::layout::column_major) { /* t.shape() is reversed */ }
+  /// @endcode
+  layout order() const noexcept { return order_; }
+
   /// Global shape: the shard spec's, or the local shape when the tensor is whole or replicated.
   const shape_t& global_shape() const noexcept {
     return shard_ && !shard_->replicated ? shard_->global_shape : shape_;
@@ -228,6 +279,7 @@ class tensor_ref {
   device where_;
   std::uint64_t bytes_ = 0;
   bool writable_ = true;
+  layout order_ = layout::row_major;
   std::optional<shard_spec> shard_;
   std::string problem_;
 };

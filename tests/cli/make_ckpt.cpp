@@ -3,11 +3,13 @@
 // and a seed, so a checkpoint saved at tp=1 and one saved at tp=2 hold the same global tensors.
 //
 //   make_ckpt ROOT --iterations 100,200 [--tp N] [--codec raw|zstd|zstd_bytegroup] [--seed S]
-//             [--perturb NAME=DELTA] [--rows R]
+//             [--perturb NAME=DELTA] [--rows R] [--column-major 1]
 //
 // --tp N saves from N ranks (threads, ckpt::in_process) with the megatron policy: fc1 and the
 // embedding are split by rows, fc2 by columns, the norm is replicated. --perturb adds DELTA to
 // element 0 of one tensor (for diff tests). --rows sets the embedding's rows (its size).
+// --column-major 1 adds "eigen.w", a 3x5 f32 matrix stored column-major (as the Eigen adapter
+// stores one: memory-order shape [5, 3], ckpt::layout::column_major), replicated.
 //
 //   make_ckpt --draw ROOT NAME N
 //
@@ -36,6 +38,7 @@ struct settings {
   std::string perturb_name;
   double perturb = 0;
   std::uint64_t rows = 64;
+  bool column_major = false;
 };
 
 float value_at(std::uint64_t index, std::uint64_t iteration, std::uint64_t seed, std::uint64_t salt) {
@@ -79,6 +82,8 @@ struct model {
   slice<ckpt::bfloat16> fc1_bf16;
   std::mt19937_64 rng;
   std::uint64_t step;
+  bool column_major;
+  std::vector<float> eigen_w;  // element (i, j) of the 3x5 matrix at j * 3 + i
 
   model(std::uint32_t rank, std::uint32_t tp, std::uint64_t it, const settings& s)
       : embed("embed.weight", s.rows, 16, 0, rank, tp, it, s, 1),
@@ -90,12 +95,17 @@ struct model {
         m_fc1("optimizer.exp_avg.layers.0.fc1.weight", 48, 16, 0, rank, tp, it, s, 6),
         fc1_bf16("layers.0.fc1.weight_bf16", 48, 16, 0, rank, tp, it, s, 7),
         rng(s.seed * 1000 + rank),
-        step(it) {}
+        step(it),
+        column_major(s.column_major) {
+    for (int k = 0; k < 15; ++k) eigen_w.push_back(static_cast<float>(k) + static_cast<float>(it));
+  }
 
   template <class V>
   void checkpoint(V& v) {
     for (auto* t : {&embed, &fc1, &fc2, &norm, &fc1_next}) v.tensor(t->name, t->ref());
     v.tensor(fc1_bf16.name, fc1_bf16.ref());
+    if (column_major)
+      v.tensor("eigen.w", ckpt::view(eigen_w.data(), {5, 3}).laid_out(ckpt::layout::column_major).sharded(ckpt::shard_spec::replica()));
     v.group("optimizer", [&](auto& g) {
       g.tensor("exp_avg.embed.weight", m_embed.ref());
       g.tensor("exp_avg.layers.0.fc1.weight", m_fc1.ref());
@@ -188,6 +198,8 @@ int main(int argc, char** argv) {
       s.codec = v;
     } else if (k == "--seed") {
       s.seed = std::stoull(v);
+    } else if (k == "--column-major") {
+      s.column_major = v == "1";
     } else if (k == "--rows") {
       s.rows = std::stoull(v);
     } else if (k == "--perturb") {

@@ -244,5 +244,30 @@ def prune_keeps_newest():
     check("nothing to delete" in p.stdout, p.stdout)
 
 
+@case
+def column_major_tensors():
+    # A tensor stored column-major (as the Eigen adapter stores one): inspect shows the layout,
+    # reshard and diff keep it, and export refuses it rather than write it transposed.
+    root = os.path.join(tmp, "colmajor")
+    make(root, "--iterations", "5", "--column-major", "1")
+    t = {x["name"]: x for x in json.loads(run("inspect", root, "--json").stdout)["tensors"]}
+    check(t["eigen.w"]["layout"] == "column_major" and t["eigen.w"]["shape"] == [5, 3], t["eigen.w"])
+    check(t["embed.weight"]["layout"] == "row_major", t["embed.weight"])
+    p = run("inspect", root)
+    line = [l for l in p.stdout.splitlines() if l.startswith("eigen.w ")]
+    check(line and line[0].endswith("column-major (logical [3, 5])"), p.stdout)
+    check(all("column-major" not in l for l in p.stdout.splitlines() if not l.startswith("eigen.w ")), p.stdout)
+    for args in (["--format", "safetensors"], ["--format", "torch"], ["--format", "torch", "--layout", "deepspeed"]):
+        dst = os.path.join(tmp, "colmajor_export" + ("" if "deepspeed" in args else ".pt" if "torch" in args else ".safetensors"))
+        p = run("export", root, dst, *args, expect=2)
+        check("'eigen.w' (logical shape [3, 5])" in p.stderr and "column-major" in p.stderr, p.stderr)
+        check(not os.path.exists(dst), dst)
+    resharded = os.path.join(tmp, "colmajor_tp2")
+    run("reshard", root, resharded, "--tp", "2")
+    t = {x["name"]: x for x in json.loads(run("inspect", resharded, "--json").stdout)["tensors"]}
+    check(t["eigen.w"]["layout"] == "column_major" and t["eigen.w"]["shape"] == [5, 3], t["eigen.w"])
+    check(run("diff", root, resharded, "--no-values").stdout.rstrip().endswith("EQUAL"), "reshard changed a column-major tensor")
+
+
 shutil.rmtree(tmp)
 h.finish()

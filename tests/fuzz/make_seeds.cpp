@@ -42,6 +42,18 @@ struct wide {
   }
 };
 
+/// A column-major matrix (as the Eigen adapter saves one) beside a row-major one: metadata.json's
+/// "layout" member and bit 7 of the index's dtype byte.
+struct column_major {
+  std::vector<float> m = std::vector<float>(6 * 4, 0.25f);  // a column-major 6x4: memory-order [4, 6]
+  std::vector<std::int32_t> r = std::vector<std::int32_t>(2 * 3, 7);
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("m", ckpt::view(m.data(), {4, 6}).laid_out(ckpt::layout::column_major));
+    v.tensor("r", ckpt::view(r.data(), {2, 3}));
+  }
+};
+
 void write(const fs::path& p, const std::string& bytes) {
   fs::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << bytes;
@@ -78,5 +90,6 @@ int main(int argc, char** argv) {
   seeds<small>(argv[1], "small", 256);
   seeds<wide>(argv[1], "wide", 64);
   seeds<small>(argv[1], "one_chunk", std::uint64_t{1} << 20);
+  seeds<column_major>(argv[1], "column_major", 32);
   return 0;
 }

@@ -85,9 +85,12 @@ std::vector<tensor_diff> compare_tensors(ckpt::reader<SA>& ra, ckpt::reader<SB>&
   for (std::size_t k = 0; k < common.size(); ++k) {
     const auto* x = common[k].first;  // not a structured binding: the lambda below captures it
     const auto* y = common[k].second;
-    if (x->type != y->type || x->shape != y->shape) {
-      diffs[k].problem = "A is " + std::string(ckpt::to_string(x->type)) + " " + ckpt::detail::to_string(x->shape) + ", B is " +
-                         std::string(ckpt::to_string(y->type)) + " " + ckpt::detail::to_string(y->shape);
+    if (x->type != y->type || x->shape != y->shape || x->order != y->order) {
+      // Layouts are named when they differ or are column-major (whose shapes are in memory order).
+      const bool layouts = x->order != y->order || x->order == ckpt::layout::column_major;
+      const auto lay = [&](ckpt::layout l) { return layouts ? std::string(ckpt::to_string(l)) + " " : std::string(); };
+      diffs[k].problem = "A is " + std::string(ckpt::to_string(x->type)) + " " + lay(x->order) + ckpt::detail::to_string(x->shape) +
+                         ", B is " + std::string(ckpt::to_string(y->type)) + " " + lay(y->order) + ckpt::detail::to_string(y->shape);
       continue;
     }
     if (x->name == ckpt::detail::validation_name) {
@@ -104,8 +107,8 @@ std::vector<tensor_diff> compare_tensors(ckpt::reader<SA>& ra, ckpt::reader<SB>&
       if (batch_bytes + bytes > budget) flush();
       auto& p = batch.emplace_back(pending{k, std::vector<std::byte>(bytes), std::vector<std::byte>(bytes)});
       const ckpt::shard_spec spec{.global_shape = x->shape, .offset = offset};
-      ta.emplace_back(x->name, ckpt::tensor_ref(x->type, shape, p.a.data()).sharded(spec));
-      tb.emplace_back(x->name, ckpt::tensor_ref(x->type, shape, p.b.data()).sharded(spec));
+      ta.emplace_back(x->name, ckpt::tensor_ref(x->type, shape, p.a.data()).laid_out(x->order).sharded(spec));
+      tb.emplace_back(x->name, ckpt::tensor_ref(x->type, shape, p.b.data()).laid_out(y->order).sharded(spec));
       batch_bytes += bytes;
       // A name may appear once per load: a tensor of several blocks goes one block per load.
       if (shape != x->shape) flush();

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -41,12 +42,23 @@ std::string group_prefix(const export_args& a) { return a.group ? *a.group + "."
 std::vector<ckpt::interop::tensor_decl> exported(const ckpt::checkpoint_info& info, const export_args& a, const std::string& optimizer) {
   std::vector<ckpt::interop::tensor_decl> out;
   const auto prefix = group_prefix(a);
+  std::string column_major;
   for (const auto& t : info.tensors) {
     if (t.name.starts_with("__ckpt")) continue;  // ckpt's own (validation logits)
     if (!a.optimizer && (t.name == optimizer || t.name.starts_with(optimizer + "."))) continue;
     if (!t.name.starts_with(prefix)) continue;
+    // The exported formats hold row-major (C order) tensors: a column-major one (saved by the
+    // Eigen adapter, say) written as it is stored would come out transposed, so it is refused.
+    if (t.order == ckpt::layout::column_major)
+      column_major += (column_major.empty() ? "" : ", ") + ckpt::detail::printable(t.name) + " (logical shape " +
+                      ckpt::detail::to_string(ckpt::detail::logical_shape(t.shape, t.order)) + ")";
     out.push_back({t.name.substr(prefix.size()), exported_dtype(t.name, t.type, a.dtype), t.shape});
   }
+  if (!column_major.empty())
+    throw ckpt::error(ckpt::error_kind::invalid_argument,
+                      "cannot export column-major tensors, which " + a.format +
+                          " files hold only row-major and would come out transposed: " + column_major +
+                          "; save them row-major (e.g. Eigen::RowMajor) or leave them out of the state to export");
   if ((a.layout == "megatron" || a.layout == "deepspeed") && a.format != "torch")
     throw ckpt::error(ckpt::error_kind::invalid_argument, "--layout " + a.layout + " is a .pt layout: use it with --format torch");
   if (a.group && a.layout != "state_dict")

@@ -145,7 +145,8 @@ int run_inspect(const inspect_args& a) {
     for (std::size_t i = 0; i < info.tensors.size(); ++i) {
       const auto& t = info.tensors[i];
       o << (i ? "," : "") << "\n  {\"name\": " << json_string(t.name) << ", \"dtype\": \"" << ckpt::to_string(t.type)
-        << "\", \"shape\": " << json_shape(t.shape) << ", \"shards\": " << t.files.size() << ", \"chunks\": " << t.chunks
+        << "\", \"shape\": " << json_shape(t.shape)
+        << ", \"layout\": " << (t.order == ckpt::layout::column_major ? "\"column_major\"" : "\"row_major\"") << ", \"shards\": " << t.files.size() << ", \"chunks\": " << t.chunks
         << ", \"codecs\": " << json_array(t.codecs, true) << ", \"stored_bytes\": " << t.stored_bytes
         << ", \"raw_bytes\": " << t.raw_bytes;
       if (a.chunks) {
@@ -182,9 +183,13 @@ int run_inspect(const inspect_args& a) {
   for (const auto& t : info.tensors) {
     std::string codecs;
     for (const auto& c : t.codecs) codecs += (codecs.empty() ? "" : ",") + c;
-    std::printf("%-*s  %-7s %-20s %6zu  %-16s %10s %10s\n", static_cast<int>(w), t.name.c_str(), std::string(ckpt::to_string(t.type)).c_str(),
+    // A column-major tensor's shape (and its chunks') is in memory order: say so, with the logical one.
+    const std::string order = t.order == ckpt::layout::column_major
+                                  ? "  column-major (logical " + shape_text(ckpt::detail::logical_shape(t.shape, t.order)) + ")"
+                                  : "";
+    std::printf("%-*s  %-7s %-20s %6zu  %-16s %10s %10s%s\n", static_cast<int>(w), t.name.c_str(), std::string(ckpt::to_string(t.type)).c_str(),
                 shape_text(t.shape).c_str(), t.files.size(), codecs.c_str(), human_bytes(static_cast<double>(t.stored_bytes)).c_str(),
-                human_bytes(static_cast<double>(t.raw_bytes)).c_str());
+                human_bytes(static_cast<double>(t.raw_bytes)).c_str(), order.c_str());
     if (a.chunks)
       for (const auto& c : r.chunks(t.name))
         std::printf("    %s offset %s shape %s %s %s\n", c.file.c_str(), shape_text(c.offset).c_str(), shape_text(c.shape).c_str(),

@@ -59,6 +59,7 @@ struct lazy_slice {
   bool replicated = false;
   std::vector<std::pair<ckpt::shape_t, ckpt::shape_t>> blocks{};  // (offset in the slice, shape)
   std::vector<std::uint64_t> block_begin{};                        // byte offset of each block
+  ckpt::layout order = ckpt::layout::row_major;                    // kept as SRC stored it
 };
 
 /// A DevicePolicy whose "device" is the source checkpoint: the tensors handed to the save
@@ -101,7 +102,7 @@ class source_device {
     cache_.resize(ckpt::detail::element_count(sh, s.name) * ckpt::size_of(s.type));
     ckpt::shape_t global(o.size());
     for (std::size_t d = 0; d < o.size(); ++d) global[d] = s.offset[d] + o[d];
-    src_->read(s.name, ckpt::tensor_ref(s.type, sh, cache_.data()).sharded({.global_shape = s.global_shape, .offset = global}));
+    src_->read(s.name, ckpt::tensor_ref(s.type, sh, cache_.data()).laid_out(s.order).sharded({.global_shape = s.global_shape, .offset = global}));
     cached_slice_ = &s;
     cached_block_ = k;
   }
@@ -122,6 +123,7 @@ struct rank_state {
   void checkpoint(V& v) {
     for (auto& s : slices) {
       ckpt::tensor_ref r(s.type, s.shape, static_cast<void*>(&s));
+      r.laid_out(s.order);
       v.tensor(s.name, s.replicated ? std::move(r).sharded(ckpt::shard_spec::replica())
                                     : std::move(r).sharded({.global_shape = s.global_shape, .offset = s.offset}));
     }
@@ -217,6 +219,7 @@ int run_reshard(const reshard_args& a) {
         for (const auto& e : plan) {
           if (e.stage != p) continue;
           lazy_slice s{e.tensor->name, e.tensor->type, e.tensor->shape, ckpt::shape_t(e.tensor->shape.size(), 0), e.tensor->shape};
+          s.order = e.tensor->order;
           if (e.split < 0) {
             s.replicated = true;
           } else {

@@ -140,7 +140,7 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
         std::size_t next = 0;  // ranks usually list tensors in the same order: try the next one first
         const auto rank = parse_index(
             reps[r].index, "the index of rank " + std::to_string(r),
-            [&](std::string_view name, dtype type, const shape_t& shape, bounded_reader& rd) {
+            [&](std::string_view name, dtype type, layout order, const shape_t& shape, bounded_reader& rd) {
               std::size_t at = next;
               if (at >= me.found.size() || me.found[at].name != name) {
                 auto it = me.by_name.find(name);
@@ -150,6 +150,7 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
                   t.name = std::string(name);
                   t.type = type;
                   t.shape = shape;
+                  t.order = order;
                   me.first_report.push_back(static_cast<std::uint32_t>(r));
                   me.where.emplace_back().reserve(hi - r);
                   me.rows.push_back(0);
@@ -158,10 +159,11 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
               }
               next = at + 1;
               const auto& t = me.found[at];
-              if (t.type != type || t.shape != shape)
+              if (t.type != type || t.shape != shape || t.order != order)
                 throw error(error_kind::invalid_argument,
                             "tensor " + printable(name) + " is saved as " + std::string(to_string(t.type)) + " " +
-                                to_string(t.shape) + " by one rank and as " + std::string(to_string(type)) + " " +
+                                std::string(ckpt::to_string(t.order)) + " " + to_string(t.shape) + " by one rank and as " +
+                                std::string(to_string(type)) + " " + std::string(ckpt::to_string(order)) + " " +
                                 to_string(shape) + " by rank " + std::to_string(r));
               me.where[at].push_back({static_cast<std::uint32_t>(r), rd.position()});
               me.rows[at] += rd.skip_table(shape.size());
@@ -206,11 +208,13 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
         found.push_back(std::move(me.found[i]));
         parts.emplace_back();
         rows.push_back(0);
-      } else if (const auto& t = found[g]; t.type != me.found[i].type || t.shape != me.found[i].shape) {
+      } else if (const auto& t = found[g];
+                 t.type != me.found[i].type || t.shape != me.found[i].shape || t.order != me.found[i].order) {
         throw error(error_kind::invalid_argument,
                     "tensor " + printable(t.name) + " is saved as " + std::string(to_string(t.type)) + " " +
-                        to_string(t.shape) + " by one rank and as " + std::string(to_string(me.found[i].type)) + " " +
-                        to_string(me.found[i].shape) + " by rank " + std::to_string(me.first_report[i]));
+                        std::string(ckpt::to_string(t.order)) + " " + to_string(t.shape) + " by one rank and as " +
+                        std::string(to_string(me.found[i].type)) + " " + std::string(ckpt::to_string(me.found[i].order)) +
+                        " " + to_string(me.found[i].shape) + " by rank " + std::to_string(me.first_report[i]));
       }
       parts[g].push_back({w, i});
       rows[g] += me.rows[i];

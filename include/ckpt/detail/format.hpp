@@ -40,9 +40,19 @@ inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / al
 struct tensor_group {
   std::string name;
   dtype type = dtype::f32;
-  shape_t global_shape;
-  chunk_table chunks;  // ndim == global_shape.size()
+  shape_t global_shape;  // in memory order (see ckpt::layout)
+  chunk_table chunks;    // ndim == global_shape.size()
+  layout order = layout::row_major;
 };
+
+/// Bit 7 of the dtype byte of the shard index and of a gather message: the tensor is
+/// column-major (docs/format.md, section 6.5). Row-major tensors keep the plain id, so their
+/// bytes are those of files written before layouts existed.
+inline constexpr std::uint8_t column_major_bit = 0x80;
+inline std::uint8_t dtype_byte(dtype t, layout l) noexcept {
+  return static_cast<std::uint8_t>(static_cast<std::uint8_t>(t) | (l == layout::column_major ? column_major_bit : 0));
+}
+inline layout layout_of_byte(std::uint8_t b) noexcept { return (b & column_major_bit) ? layout::column_major : layout::row_major; }
 
 /// One per-rank value (cereal portable binary, or text for <random> types).
 struct value_record {
@@ -338,7 +348,7 @@ inline std::string encode_index(const shard_index& idx) {
     ar(static_cast<std::uint64_t>(idx.tensors.size()));
     for (const auto& g : idx.tensors) {
       write_string(ar, g.name);
-      ar(static_cast<std::uint8_t>(g.type));
+      ar(dtype_byte(g.type, g.order));
       write_shape(ar, g.global_shape);
       write_table(ar, g.chunks);
     }
@@ -351,7 +361,7 @@ inline std::string encode_index(const shard_index& idx) {
   return std::move(os).str();
 }
 
-/// Parses an index, streaming: `group(name, dtype, global_shape, reader)` is called for each
+/// Parses an index, streaming: `group(name, dtype, layout, global_shape, reader)` is called for each
 /// tensor and must read its chunk columns with `reader.table(...)`; `value(record)` for each
 /// value. Names and shapes live in buffers reused from group to group, so merging thousands of
 /// indexes allocates nothing per tensor. Returns the writing rank. Every malformed input is a
@@ -369,10 +379,10 @@ std::uint32_t parse_index(std::span<const std::byte> bytes, const std::string& f
   for (std::uint64_t i = 0; i < groups; ++i) {
     r.string_into(name);
     const auto t = r.u8();
-    const auto dt = dtype_from_id(t);
+    const auto dt = dtype_from_id(t & 0x7fu);
     if (!dt) r.fail("unknown dtype id " + std::to_string(t) + " for tensor " + name);
     r.shape_into(shape);
-    group(std::string_view(name), *dt, static_cast<const shape_t&>(shape), r);
+    group(std::string_view(name), *dt, layout_of_byte(t), static_cast<const shape_t&>(shape), r);
   }
   const auto values = r.count(36, "value");
   for (std::uint64_t i = 0; i < values; ++i) {
@@ -393,10 +403,11 @@ inline shard_index decode_index(std::span<const std::byte> bytes, const std::str
   shard_index idx;
   idx.rank = parse_index(
       bytes, "index of " + file,
-      [&](std::string_view name, dtype t, const shape_t& shape, bounded_reader& r) {
+      [&](std::string_view name, dtype t, layout l, const shape_t& shape, bounded_reader& r) {
         auto& g = idx.tensors.emplace_back();
         g.name = std::string(name);
         g.type = t;
+        g.order = l;
         g.global_shape = shape;
         r.table(g.chunks, shape.size());
       },

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -60,7 +61,8 @@ struct file_meta {
 struct tensor_meta {
   std::string name;
   dtype type = dtype::f32;
-  shape_t shape;  // global shape
+  shape_t shape;  // global shape, in memory order (reversed logical shape when column-major)
+  layout order = layout::row_major;
   chunk_table chunks;
   std::uint64_t chunk_count = 0;  // as metadata.json states it; chunk_map.bin must agree
 
@@ -68,6 +70,8 @@ struct tensor_meta {
   void save(A& ar) const {
     ar(CEREAL_NVP(name), cereal::make_nvp("dtype", std::string(to_string(type))), CEREAL_NVP(shape),
        cereal::make_nvp("chunks", static_cast<std::uint64_t>(chunks.size())));
+    // Only column-major tensors carry the member: row-major ones are written as before it existed.
+    if (order == layout::column_major) ar(cereal::make_nvp("layout", std::string("column_major")));
   }
   template <class A>
   void load(A& ar) {
@@ -76,6 +80,21 @@ struct tensor_meta {
     const auto dt = dtype_from_string(t);
     if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(t) + " of tensor " + printable(name));
     type = *dt;
+    order = layout::row_major;
+    // "layout" is optional: peek at the next member's name rather than search for it (cereal
+    // would throw at the end of the object).
+    if constexpr (std::is_same_v<A, cereal::JSONInputArchive>) {
+      const char* next = ar.getNodeName();
+      if (next && std::string_view(next) == "layout") {
+        std::string l;
+        ar(cereal::make_nvp("layout", l));
+        if (l == "column_major")
+          order = layout::column_major;
+        else if (l != "row_major")
+          throw error(error_kind::corrupt, "unknown layout " + printable(l) + " of tensor " + printable(name) +
+                                               " (expected \"row_major\" or \"column_major\")");
+      }
+    }
   }
 };
 

@@ -95,6 +95,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     group.name = t.name;
     group.type = t.ref.type();
     group.global_shape = t.ref.global_shape();
+    group.order = t.ref.order();
     group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
     const auto id = codec_id_for(codec, t.ref);
     any_encoded |= id != 0;
@@ -248,7 +249,7 @@ std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::
     std::vector<std::byte> staging;
     for (const auto& t : tensors) {
       write_string(ar, t.name);
-      ar(static_cast<std::uint8_t>(t.ref.type()));
+      ar(dtype_byte(t.ref.type(), t.ref.order()));
       write_shape(ar, t.ref.shape());
       write_shape(ar, t.ref.global_shape());
       write_shape(ar, t.ref.global_offset());
@@ -277,7 +278,7 @@ inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered&
   for (std::uint64_t i = 0; i < n; ++i) {
     auto name = r.string();
     const auto dt_id = r.u8();
-    const auto dt = dtype_from_id(dt_id);
+    const auto dt = dtype_from_id(dt_id & 0x7fu);
     if (!dt) r.fail("unknown dtype id " + std::to_string(static_cast<unsigned>(dt_id)) + " of tensor " + printable(name));
     auto shape = r.shape();
     auto global = r.shape();
@@ -297,6 +298,7 @@ inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered&
     tensor_ref ref(*dt, std::move(shape), data);
     if (ref.nbytes() != size) r.fail("tensor size does not match its shape");
     ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
+    ref.laid_out(layout_of_byte(dt_id));
     into.tensors.push_back({std::move(name), std::move(ref)});
     into.from.push_back(from);
   }
