@@ -15,18 +15,32 @@
 //   libtorch_resume --save DIR --steps N --save-interval K [--resume] [--crash-at S]
 //   libtorch_resume --check DIR    uninterrupted run, SIGKILLed run, resumed run; compares the
 //                                  final loss and state hashes bit for bit (resume_check.hpp)
+//   libtorch_resume --torn-save DIR  the crash safety torch::save lacks: a torch::save killed
+//                                  halfway leaves a file torch::load refuses (the old model is
+//                                  gone: torch::save truncates it first); ckpt saves killed at
+//                                  random moments always leave a `latest` that loads
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
+#include <ostream>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include <xxhash.h>
 
@@ -43,7 +57,7 @@ struct options {
   std::string save_dir, check_dir;
   std::uint64_t steps = 120, save_interval = 25;
   std::optional<std::uint64_t> crash_at;
-  bool resume = false, quiet = false;
+  bool resume = false, quiet = false, torn = false;
   // Hyper-parameters: stored in every checkpoint's config and compared on load.
   std::uint64_t seed = 7;
   std::int64_t hidden = 64, batch = 32;
@@ -175,6 +189,122 @@ int train(const options& o) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// --torn-save: what a crash in the middle of a save does to torch::save, and to ckpt
+// ---------------------------------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+/// An output file that dies with SIGKILL once `limit` bytes are written, as a process killed in
+/// the middle of a save does. Opened like std::ofstream opens torch::save's file: truncated.
+class torn_file : public std::streambuf {
+ public:
+  torn_file(const fs::path& f, std::size_t limit) : fd_(::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)), limit_(limit) {
+    if (fd_ < 0) throw std::runtime_error("open " + f.string());
+  }
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    for (std::streamsize i = 0; i < n;) {
+      const auto k = std::min<std::streamsize>(n - i, static_cast<std::streamsize>(limit_ - written_));
+      if (k > 0 && ::write(fd_, s + i, static_cast<std::size_t>(k)) != k) return i;
+      i += k;
+      written_ += static_cast<std::size_t>(k);
+      if (written_ >= limit_) std::raise(SIGKILL);
+    }
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    const char ch = traits_type::to_char_type(c);
+    return xsputn(&ch, 1) == 1 ? c : traits_type::eof();
+  }
+
+ private:
+  int fd_;
+  std::size_t limit_, written_ = 0;
+};
+
+/// Runs `child` in a forked process and waits for it; true when SIGKILL ended it.
+template <class F>
+bool killed_child(F&& child) {
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    child();
+    std::_Exit(0);
+  }
+  return WIFSIGNALED(resume_check::wait_for(pid)) != 0;
+}
+
+int torn_save(const options& o) {
+  const fs::path dir = o.check_dir;
+  fs::create_directories(dir);
+  torch::manual_seed(o.seed);
+  torch::nn::Linear teacher(inputs, outputs);
+  trainer t(o);
+  train_step(t, teacher, o.batch);
+
+  // LibTorch: the good model in model.pt, then a save of the next step killed halfway through.
+  const auto pt = dir / "model.pt";
+  torch::save(t.net, pt.string());
+  const auto good_size = fs::file_size(pt);
+  const bool killed = killed_child([&] {
+    train_step(t, teacher, o.batch);
+    torn_file file(pt, good_size / 2);
+    std::ostream os(&file);
+    torch::save(t.net, os);
+  });
+  std::printf("torch::save killed halfway: %s, model.pt now %llu of %llu bytes\n", killed ? "yes" : "no",
+              ull(fs::file_size(pt)), ull(good_size));
+  bool torch_lost = false;
+  try {
+    mlp back(o.hidden);
+    torch::load(back, pt.string());
+    std::printf("  torch::load(model.pt): loaded\n");
+  } catch (const std::exception& e) {
+    torch_lost = true;
+    std::printf("  torch::load(model.pt): fails (%s): the last good model is gone\n", std::string(e.what()).substr(0, 80).c_str());
+  }
+
+  // ckpt: a good checkpoint, then saves killed at random moments, over and over.
+  const auto root = dir / "ckpt";
+  fs::remove_all(root);
+  {
+    ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, root.string(), {.keep_last_n = 2}};
+    cp.save(1, t);
+  }
+  std::mt19937 rng(static_cast<std::uint32_t>(o.seed));
+  int ckpt_ok = 0;
+  const int kills = 5;
+  for (int k = 0; k < kills; ++k) {
+    const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(2'000, 40'000)(rng));
+    std::fflush(stdout);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {  // saves every step until killed
+      ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, root.string(), {.keep_last_n = 2}};
+      for (std::uint64_t step = 2 + static_cast<std::uint64_t>(k) * 1000;; ++step) {
+        train_step(t, teacher, o.batch);
+        cp.save(step, t);
+      }
+    }
+    std::this_thread::sleep_for(delay);
+    ::kill(pid, SIGKILL);
+    resume_check::wait_for(pid);
+    trainer back(o);
+    ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, root.string()};
+    const auto r = cp.load(back);  // strict: every tensor, checked
+    ++ckpt_ok;
+    std::printf("  ckpt save killed after %5.1f ms: latest %s loads\n", static_cast<double>(delay.count()) / 1000, r.tag.c_str());
+  }
+  const bool pass = killed && torch_lost && ckpt_ok == kills;
+  std::printf("torn save: %s - torch::save %s its file when killed mid-save; ckpt's latest loaded after %d of %d kills\n",
+              pass ? "SHOWN" : "NOT SHOWN", torch_lost ? "destroyed" : "kept", ckpt_ok, kills);
+  return pass ? 0 : 1;
+}
+
 constexpr const char* usage =
     "usage: libtorch_resume --save DIR [--steps N] [--save-interval K] [--resume] [--crash-at S]\n"
     "       libtorch_resume --check DIR [--steps N] [--save-interval K] [--crash-at S]\n"
@@ -182,7 +312,10 @@ constexpr const char* usage =
     "  --save DIR       train, saving a checkpoint every K steps and at the end under DIR\n"
     "  --resume         continue from DIR/latest when there is one\n"
     "  --crash-at S     die with SIGKILL right after step S (before any save at S)\n"
-    "  --check DIR      run uninterrupted, crash, resume; compare the results bit for bit\n";
+    "  --check DIR      run uninterrupted, crash, resume; compare the results bit for bit\n"
+    "       libtorch_resume --torn-save DIR\n"
+    "  --torn-save DIR  kill torch::save halfway through (its file is lost) and ckpt saves at random moments\n"
+    "                   (latest always loads)\n";
 
 std::optional<options> parse(int argc, char** argv) {
   options o;
@@ -199,6 +332,7 @@ std::optional<options> parse(int argc, char** argv) {
     else if (i + 1 >= argc) return std::nullopt;
     else if (a == "--save") o.save_dir = argv[++i];
     else if (a == "--check") o.check_dir = argv[++i];
+    else if (a == "--torn-save") o.check_dir = argv[++i], o.torn = true;
     else if (a == "--steps") number(o.steps);
     else if (a == "--save-interval") number(o.save_interval);
     else if (a == "--crash-at") number(o.crash_at.emplace());
@@ -222,6 +356,7 @@ int main(int argc, char** argv) {
     }
     torch::set_num_threads(1);  // bit-identical runs: the same reduction order every time
     if (!o->save_dir.empty()) return train(*o);
+    if (o->torn) return torn_save(*o);
     return resume_check::run({.program = "libtorch_resume",
                               .flags = {"--steps", std::to_string(o->steps), "--save-interval", std::to_string(o->save_interval),
                                         "--seed", std::to_string(o->seed), "--hidden", std::to_string(o->hidden), "--batch",

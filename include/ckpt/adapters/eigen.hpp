@@ -173,12 +173,10 @@ struct tensor_traits<Eigen::Map<P, MO, St>> {
 
   template <class M>
   static tensor_ref make(M& m) {
-    using S = std::remove_reference_t<decltype(*m.data())>;
     if (m.size() > 1 && !contiguous(m))
       return tensor_ref::refused("an Eigen::Map with inner stride " + std::to_string(m.innerStride()) + " and outer stride " +
-                                     std::to_string(m.outerStride()) + " over " + std::to_string(m.rows()) + "x" +
-                                     std::to_string(m.cols()) +
-                                     " elements is not contiguous; ckpt stores contiguous tensors only");
+                                 std::to_string(m.outerStride()) + " over " + std::to_string(m.rows()) + "x" + std::to_string(m.cols()) +
+                                 " elements is not contiguous; ckpt stores contiguous tensors only");
     return detail::eigen::dense_ref(m, m.data());
   }
   static tensor_ref ref(type& m) { return make(m); }
