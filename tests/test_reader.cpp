@@ -297,3 +297,58 @@ TEST_CASE("prune applies the retention rule by hand, with a dry run, and never r
   CHECK(left == std::vector<std::string>{"global_step40", "global_step60", "user_notes"});
   CHECK(test::catch_error([&] { cp.prune(0); }).kind() == ckpt::error_kind::invalid_argument);
 }
+
+// ---- the reader opens its tag once ------------------------------------------------------------
+
+namespace {
+/// memory_storage that counts the reads of each key (copies share the counts).
+struct counting_storage {
+  ckpt::memory_storage inner;
+  std::shared_ptr<std::map<std::string, int>> reads = std::make_shared<std::map<std::string, int>>();
+  auto create(std::string_view key) { return inner.create(key); }
+  void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
+    ++(*reads)[std::string(key)];
+    inner.read(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(std::string_view key) const { return inner.size(key); }
+  std::vector<std::string> list(std::string_view prefix) const { return inner.list(prefix); }
+  void remove(std::string_view key) { inner.remove(key); }
+  void remove_all(std::string_view prefix) { inner.remove_all(prefix); }
+  std::string describe(std::string_view key) const { return inner.describe(key); }
+  int count_ending(std::string_view suffix) const {
+    int n = 0;
+    for (const auto& [k, c] : *reads)
+      if (k.ends_with(suffix)) n += c;
+    return n;
+  }
+};
+static_assert(ckpt::Storage<counting_storage>);
+
+struct many_tensors {
+  std::vector<std::vector<float>> ts;
+  void checkpoint(ckpt::visitor& v) {
+    for (std::size_t i = 0; i < ts.size(); ++i) v.tensor("t" + std::to_string(i), ts[i]);
+  }
+};
+}  // namespace
+
+TEST_CASE("reader: metadata.json and chunk_map.bin are read once, however many tensors are read after") {
+  counting_storage st;
+  many_tensors s;
+  for (int i = 0; i < 10'000; ++i) s.ts.push_back({static_cast<float>(i), -1.f, 0.5f, static_cast<float>(i) * 2});
+  ckpt::checkpointer<ckpt::single_process, counting_storage>{{}, st}.save(1, s);
+  st.reads->clear();
+  ckpt::reader<counting_storage> r{st};
+  std::vector<float> out(4);
+  for (int i = 0; i < 10'000; ++i) {
+    r.read("t" + std::to_string(i), ckpt::view(out.data(), {4}));
+    REQUIRE(out[0] == static_cast<float>(i));
+    REQUIRE(out[3] == static_cast<float>(i) * 2);
+  }
+  CHECK(st.count_ending("metadata.json") == 1);
+  CHECK(st.count_ending("chunk_map.bin") == 1);
+  // One shard file: its header, trailer and index are checked once, then one read per chunk.
+  const int shard_reads = st.count_ending(".ckpt");
+  CHECK(shard_reads >= 10'000);
+  CHECK(shard_reads <= 10'000 + 8);
+}

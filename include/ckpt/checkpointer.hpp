@@ -23,6 +23,7 @@
 #include "config.hpp"
 #include "detail/collective.hpp"
 #include "detail/commit.hpp"
+#include "detail/chunk_reader.hpp"
 #include "detail/coverage.hpp"
 #include "detail/format.hpp"
 #include "detail/hash.hpp"
@@ -861,12 +862,7 @@ class checkpointer {
     for (const auto& val : md.values) classify(val.name);
   }
 
-  /// A live tensor to fill from the stored tensor of the same name.
-  struct tensor_load {
-    const detail::tensor_meta* stored;
-    const std::string* name;
-    const tensor_ref* ref;
-  };
+  using tensor_load = detail::tensor_load;
 
   /// What a load reads for this rank, decided (and checked) before any byte is read.
   struct restore_plan {
@@ -964,7 +960,7 @@ class checkpointer {
   void read_restore(const detail::metadata& md, const restore_plan& plan, const load_options& opts, Verify& verify_file,
                     load_result& result) {
     const std::string tag_dir = md.tag + "/";
-    load_tensors(plan.tensors, md, tag_dir, verify_file, result, device_);
+    result.bytes_read += chunks().load(plan.tensors, md, tag_dir, verify_file, device_);
     if (opts.validation_logits) check_validation(md, *opts.validation_logits, opts, tag_dir, verify_file, result);
     // Values last: they are small, and restoring them only after every tensor verified keeps
     // iteration counters and RNGs consistent with the weights.
@@ -1041,7 +1037,7 @@ class checkpointer {
           buffer.resize(static_cast<std::size_t>(detail::checked_mul(detail::element_count(t.shape, what), size_of(stored.type), what)));
           tensor_ref slice(stored.type, t.shape, buffer.data());
           slice.sharded(shard_spec{.global_shape = stored.shape, .offset = t.offset});
-          load_tensors({{&stored, &stored.name, &slice}}, md, tag_dir, verify_file, ignored, host);
+          ignored.bytes_read += chunks().load({{&stored, &stored.name, &slice}}, md, tag_dir, verify_file, host);
           detail::send_status(comm, detail::scatter_ok, r);
           comm.send_host(buffer, r);
         }
@@ -1123,191 +1119,8 @@ class checkpointer {
     if (failure) std::rethrow_exception(failure);
   }
 
-  /// A load worker's open file: the last file its reads came from, kept open for the next
-  /// chunk, which mostly comes from the same shard file. A load then opens each file about
-  /// once per pipeline slot, not once per chunk: a model of many small tensors (biases, norms)
-  /// otherwise pays an open and a close for each of them.
-  struct open_file {
-    std::uint32_t index = UINT32_MAX;
-    std::optional<typename detail::reader_of<Store>::type> reader;
-  };
-
-  /// Reads `out.size()` bytes at `offset` of file `index` (`key`) and returns their XXH3,
-  /// hashing each piece as soon as it arrives: the bytes are hashed while still in the CPU's
-  /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
-  std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
-                            std::span<std::byte> out) const {
-    if constexpr (detail::opens_readers<Store>) {
-      if (file.index != index || !file.reader) {
-        file.reader.reset();
-        file.reader.emplace(storage_.open_reader(key));
-        file.index = index;
-      }
-      // A reader that reads ahead (posix with O_DIRECT) learns how far it may.
-      if constexpr (requires { file.reader->will_read(offset, out.size()); }) file.reader->will_read(offset, out.size());
-    }
-    const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
-      if constexpr (detail::opens_readers<Store>)
-        file.reader->read(at, part);
-      else
-        storage_.read(key, at, part);
-    };
-    constexpr std::size_t piece = detail::read_piece_bytes<Store>();
-    if (out.size() <= piece) {
-      read(offset, out);
-      return detail::xxh3(out);
-    }
-    detail::xxh3_stream h;
-    for (std::size_t at = 0; at < out.size(); at += piece) {
-      const auto part = out.subspan(at, std::min(piece, out.size() - at));
-      read(offset + at, part);
-      h.update(part);
-    }
-    return h.digest();
-  }
-
-  /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
-  ///
-  /// Raw chunks that land in a host tensor as one contiguous run (what a load at the saved
-  /// layout mostly reads) are read straight into it and verified there, by every worker at
-  /// once in no particular order (so `dev.host_view`, which only returns the tensor's
-  /// pointer, is called from several threads). The other chunks are items of run_pipeline:
-  /// workers read, verify and decode them in parallel (when the Storage allows concurrent
-  /// reads), and one finishing thread copies them into their tensors through `dev.from_host`,
-  /// in order, so a DevicePolicy's copies never run on two threads at once. With several
-  /// damaged chunks, the error reported is the first in-place one, if any.
-  template <class Dev, class Verify>
-  void load_tensors(const std::vector<tensor_load>& wanted, const detail::metadata& md, const std::string& tag_dir,
-                    Verify& verify_file, load_result& result, Dev& dev) {
-    struct chunk_read {
-      std::size_t tensor;
-      std::size_t chunk;
-      bool in_place = false;     // read straight into the tensor, at byte `at`
-      std::uint64_t at = 0;
-      std::uint64_t filled = 0;  // bytes of the tensor it filled
-      std::uint64_t read = 0;    // bytes read from storage
-    };
-    std::vector<chunk_read> reads;
-    std::vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
-    std::vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
-    for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
-    for (std::size_t k = 0; k < wanted.size(); ++k) {
-      const auto& s = *wanted[k].stored;
-      const auto& c = s.chunks;
-      const auto& ref = *wanted[k].ref;
-      const detail::region dst{dst_offset[k], ref.shape()};
-      for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
-        if (c.ndim != 0 && !detail::overlaps({c.offset(i), c.shape(i)}, dst)) continue;
-        verify_file(c.file[i]);  // header, trailer and footer index: once per file, before any chunk
-        chunk_read r{k, i};
-        if constexpr (detail::has_host_view<Dev>) {
-          const auto elem = size_of(s.type);
-          if (c.codec[i] == 0 && c.stored_size[i] == c.elements(i) * elem) {
-            std::uint64_t runs = 0, bytes = 0;
-            detail::for_each_overlap_run({c.offset(i), c.shape(i)}, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
-              ++runs;
-              r.at = d;
-              bytes = len;
-            });
-            r.in_place = runs == 1 && bytes == c.stored_size[i];
-          }
-        }
-        (r.in_place ? direct : staged).push_back(reads.size());
-        reads.push_back(r);
-      }
-    }
-    const unsigned workers = detail::concurrent_reads<Store> ? detail::worker_count(options_.threads) : 1u;
-    const auto where = [&](const chunk_read& r) {
-      const auto& s = *wanted[r.tensor].stored;
-      return storage_.describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + detail::printable(*wanted[r.tensor].name);
-    };
-    const auto mismatch = [&](const chunk_read& r) {
-      return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " +
-                                            std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]));
-    };
-    const auto key_of = [&](const chunk_read& r) { return tag_dir + md.files[wanted[r.tensor].stored->chunks.file[r.chunk]].path; };
-
-    if constexpr (detail::has_host_view<Dev>) {
-      std::vector<open_file> files(workers);  // one per worker
-      detail::parallel_for(direct.size(), workers, [&](std::size_t k, unsigned w) {
-        auto& r = reads[direct[k]];
-        const auto& c = wanted[r.tensor].stored->chunks;
-        const auto i = r.chunk;
-        const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
-        r.read = target.size();
-        if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target) != c.xxh3[i]) throw mismatch(r);
-        r.filled = target.size();
-      });
-    }
-
-    struct slot {
-      detail::staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
-      std::vector<std::byte> decoded;
-      std::span<const std::byte> plain;
-      open_file file;  // used by one item at a time, like the buffer
-    };
-    std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(staged.size(), 1)));
-    if constexpr (detail::lends_buffers<Dev>) {
-      // Borrowed here, on the caller's thread; the workers only resize within them.
-      std::uint64_t largest = 0;
-      for (const auto n : staged) largest = std::max(largest, wanted[reads[n].tensor].stored->chunks.stored_size[reads[n].chunk]);
-      if (!staged.empty())
-        for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
-    }
-    detail::run_pipeline(
-        staged.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
-        [&](std::size_t n, std::size_t si) {  // read, verify, decode: on a worker
-          auto& r = reads[staged[n]];
-          auto& sl = ring[si];
-          const auto& s = *wanted[r.tensor].stored;
-          const auto& c = s.chunks;
-          const auto i = r.chunk;
-          const auto raw_size = c.elements(i) * size_of(s.type);
-          sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
-          r.read = sl.buffer.size();
-          if (read_hashed(key_of(r), c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch(r);
-          sl.plain = sl.buffer.span();
-          if (c.codec[i] != 0) {
-            sl.decoded.resize(raw_size);
-            decode_chunk(c.codec[i], sl.buffer.span(), s.type, sl.decoded, where(r));
-            sl.plain = sl.decoded;
-          } else if (c.stored_size[i] != raw_size) {
-            throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
-                                                 " bytes, expected " + std::to_string(raw_size));
-          }
-        },
-        [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order
-          auto& r = reads[staged[n]];
-          const auto& s = *wanted[r.tensor].stored;
-          const auto& ref = *wanted[r.tensor].ref;
-          const detail::region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
-          const auto plain = ring[si].plain;
-          r.filled = detail::for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
-            dev.from_host(plain.subspan(from, len), ref, d);
-          });
-        });
-    std::vector<std::uint64_t> filled(wanted.size(), 0);
-    for (const auto& r : reads) {
-      filled[r.tensor] += r.filled;
-      result.bytes_read += r.read;
-    }
-    for (std::size_t k = 0; k < wanted.size(); ++k)
-      if (filled[k] != wanted[k].ref->nbytes())
-        throw error(error_kind::corrupt, "tensor " + detail::printable(*wanted[k].name) + ": the checkpoint covers " +
-                                             std::to_string(filled[k]) + " of its " + std::to_string(wanted[k].ref->nbytes()) +
-                                             " bytes");
-  }
-
-  void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
-                    const std::string& where) const {
-    try {
-      if (detail::decode_builtin(id, in, t, out)) return;
-      if (id != Enc::id) throw error(error_kind::corrupt, "unknown codec id " + std::to_string(id));
-      codec_.decode(in, t, out);
-    } catch (const error& e) {
-      throw error(e.kind(), where + ": " + e.what());
-    }
-  }
+  /// The load stage that reads, verifies and decodes chunks into tensors (detail/chunk_reader.hpp).
+  detail::chunk_reader<Store, Enc> chunks() const { return {storage_, codec_, options_.threads}; }
 
   template <class Verify>
   void check_validation(const detail::metadata& md, const tensor_ref& live, const load_options& opts,
@@ -1325,7 +1138,7 @@ class checkpointer {
     tensor_ref saved_ref(s->type, s->shape, saved.data());
     host_copy host;
     const std::string name = "validation logits";
-    load_tensors({{s, &name, &saved_ref}}, md, tag_dir, verify_file, result, host);
+    result.bytes_read += chunks().load({{s, &name, &saved_ref}}, md, tag_dir, verify_file, host);
     const auto n = live.numel();
     std::uint64_t bad = 0, worst = 0;
     double worst_diff = 0;  // over the failing elements; NaN counts as infinitely far

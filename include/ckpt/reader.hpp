@@ -19,6 +19,7 @@
 
 #include "checkpointer.hpp"
 #include "config.hpp"
+#include "detail/chunk_reader.hpp"
 #include "detail/coverage.hpp"
 #include "detail/hash.hpp"
 #include "detail/metadata.hpp"
@@ -154,6 +155,8 @@ class reader {
     detail::decode_chunk_map(detail::as_bytes(map_bytes), md_, st.describe(map_key));
     detail::validate_metadata(md_, *tag, md_name_);
     build_info();
+    tiling_checked_.assign(md_.tensors.size(), false);
+    files_checked_.assign(md_.files.size(), false);
   }
 
   /// What the tag holds.
@@ -202,8 +205,32 @@ class reader {
                                               lay(ref.order()) + detail::to_string(ref.global_shape()));
       }
     }
-    some_tensors state{&targets};
-    cp_->load(state, {.tag = info_.tag, .strict = false, .on_topology_change = topology_change::keep_live});
+    // Through the chunk reader, with the metadata opened once: each read costs what its chunks
+    // cost, however many tensors the tag holds. Each tensor's tiling is checked the first time
+    // it is read, each shard file's header, trailer and index the first time a chunk of it is.
+    std::vector<detail::tensor_load> wanted;
+    wanted.reserve(targets.size());
+    for (const auto& [n, ref] : targets) {
+      const auto k = by_name_.find(n)->second;
+      const auto& t = md_.tensors[k];
+      if (!tiling_checked_[k]) {
+        detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
+                             error_kind::corrupt, md_name_ + ": ");
+        tiling_checked_[k] = true;
+      }
+      wanted.push_back({&t, &n, &ref});
+    }
+    auto& st = cp_->storage();
+    const std::string dir = md_.tag + "/";
+    auto verify_file = [&](std::uint32_t f) {
+      if (files_checked_[f]) return;
+      const auto& fm = md_.files[f];
+      detail::verify_shard_file(st, dir + fm.path, fm.size, fm.index_xxh3);
+      files_checked_[f] = true;
+    };
+    const raw codec;
+    host_copy host;
+    (void)detail::chunk_reader<Store, raw>(st, codec, 0).load(wanted, md_, dir, verify_file, host);
   }
 
   /// The tag's validation logits (saved with `save_options::validation_logits`), or nullptr.
@@ -344,15 +371,6 @@ class reader {
   Store& storage() noexcept { return cp_->storage(); }
 
  private:
-  /// The load target of read_all: exactly the requested tensors, nothing else.
-  struct some_tensors {
-    std::vector<std::pair<std::string, tensor_ref>>* targets;
-    template <class V>
-    void checkpoint(V& v) {
-      for (auto& [n, ref] : *targets) v.tensor(n, ref);
-    }
-  };
-
   const detail::tensor_meta& stored(std::string_view name) const {
     auto it = by_name_.find(std::string(name));
     if (it == by_name_.end()) throw error(error_kind::not_found, "no tensor " + detail::printable(name) + " in " + md_name_);
@@ -416,6 +434,8 @@ class reader {
   checkpoint_info info_;
   std::string md_name_;
   std::map<std::string, std::size_t> by_name_;
+  std::vector<bool> tiling_checked_;  // per tensor of md_: read_all checked its chunks tile it
+  std::vector<bool> files_checked_;   // per file of md_: read_all verified its header, trailer and index
 };
 
 }  // namespace ckpt

@@ -156,11 +156,11 @@ void write_pt(const fs::path& file, ckpt::reader<>& r, const std::vector<ckpt::i
     if (a.layout == "megatron" && d.name.starts_with("optimizer.") && nested)
       put_path(optimizer, d.name.substr(10), node);  // the tree torch's state_dict() had
     else if (a.layout == "megatron" && d.name.starts_with("optimizer."))
-      optimizer.set(d.name.substr(10), node);  // a ckpt checkpoint's own names
+      optimizer.insert_new(d.name.substr(10), node);  // a ckpt checkpoint's own names (distinct)
     else if (a.layout == "megatron")
-      model.set(d.name, node);
+      model.insert_new(d.name, node);
     else
-      flat.set(d.name, node);
+      flat.insert_new(d.name, node);
   }
   if (a.layout != "megatron") {
     w.finish(flat);

@@ -1,0 +1,238 @@
+#pragma once
+// The load stage that moves bytes: the chunks that overlap the wanted tensors are read,
+// verified against their checksums and decoded, then copied into the tensors through the
+// DevicePolicy. The counterpart of shard_io.hpp's shard writer. The checkpointer's load, its
+// scatter to other ranks, its validation logits and ckpt::reader all read through it, with
+// metadata they opened once.
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../names.hpp"
+#include "../tensor.hpp"
+#include "../zstd.hpp"  // ckpt's own codecs: decode_builtin
+#include "hash.hpp"
+#include "metadata.hpp"
+#include "pipeline.hpp"
+#include "region.hpp"
+#include "shard_io.hpp"
+#include "staging_buffer.hpp"
+
+namespace ckpt::detail {
+
+/// A live tensor to fill from the stored tensor of the same name.
+struct tensor_load {
+  const tensor_meta* stored;
+  const std::string* name;
+  const tensor_ref* ref;
+};
+
+/// Reads chunks of one tag's shard files from `Store`, decoding them with ckpt's codecs and
+/// `Enc`, on up to `threads` workers (1 where the Storage does not take concurrent reads).
+template <class Store, class Enc>
+class chunk_reader {
+ public:
+  chunk_reader(const Store& storage, const Enc& codec, unsigned threads) : storage_(&storage), codec_(&codec), threads_(threads) {}
+
+  /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
+  ///
+  /// Raw chunks that land in a host tensor as one contiguous run (what a load at the saved
+  /// layout mostly reads) are read straight into it and verified there, by every worker at
+  /// once in no particular order (so `dev.host_view`, which only returns the tensor's
+  /// pointer, is called from several threads). The other chunks are items of run_pipeline:
+  /// workers read, verify and decode them in parallel (when the Storage allows concurrent
+  /// reads), and one finishing thread copies them into their tensors through `dev.from_host`,
+  /// in order, so a DevicePolicy's copies never run on two threads at once. With several
+  /// damaged chunks, the error reported is the first in-place one, if any.
+  template <class Dev, class Verify>
+  std::uint64_t load(const std::vector<tensor_load>& wanted, const metadata& md, const std::string& tag_dir, Verify& verify_file,
+                     Dev& dev) const {
+    struct chunk_read {
+      std::size_t tensor;
+      std::size_t chunk;
+      bool in_place = false;     // read straight into the tensor, at byte `at`
+      std::uint64_t at = 0;
+      std::uint64_t filled = 0;  // bytes of the tensor it filled
+      std::uint64_t read = 0;    // bytes read from storage
+    };
+    std::vector<chunk_read> reads;
+    std::vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
+    std::vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
+    for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
+    for (std::size_t k = 0; k < wanted.size(); ++k) {
+      const auto& s = *wanted[k].stored;
+      const auto& c = s.chunks;
+      const auto& ref = *wanted[k].ref;
+      const region dst{dst_offset[k], ref.shape()};
+      for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
+        if (c.ndim != 0 && !overlaps({c.offset(i), c.shape(i)}, dst)) continue;
+        verify_file(c.file[i]);  // header, trailer and footer index: once per file, before any chunk
+        chunk_read r{k, i};
+        if constexpr (has_host_view<Dev>) {
+          const auto elem = size_of(s.type);
+          if (c.codec[i] == 0 && c.stored_size[i] == c.elements(i) * elem) {
+            std::uint64_t runs = 0, bytes = 0;
+            for_each_overlap_run({c.offset(i), c.shape(i)}, dst, elem, [&](std::uint64_t d, std::uint64_t, std::uint64_t len) {
+              ++runs;
+              r.at = d;
+              bytes = len;
+            });
+            r.in_place = runs == 1 && bytes == c.stored_size[i];
+          }
+        }
+        (r.in_place ? direct : staged).push_back(reads.size());
+        reads.push_back(r);
+      }
+    }
+    const unsigned workers = concurrent_reads<Store> ? worker_count(threads_) : 1u;
+    const auto where = [&](const chunk_read& r) {
+      const auto& s = *wanted[r.tensor].stored;
+      return storage_->describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + printable(*wanted[r.tensor].name);
+    };
+    const auto mismatch = [&](const chunk_read& r) {
+      return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " +
+                                            std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]));
+    };
+    const auto key_of = [&](const chunk_read& r) { return tag_dir + md.files[wanted[r.tensor].stored->chunks.file[r.chunk]].path; };
+
+    if constexpr (has_host_view<Dev>) {
+      std::vector<open_file> files(workers);  // one per worker
+      parallel_for(direct.size(), workers, [&](std::size_t k, unsigned w) {
+        auto& r = reads[direct[k]];
+        const auto& c = wanted[r.tensor].stored->chunks;
+        const auto i = r.chunk;
+        const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
+        r.read = target.size();
+        if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target) != c.xxh3[i]) throw mismatch(r);
+        r.filled = target.size();
+      });
+    }
+
+    struct slot {
+      staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
+      std::vector<std::byte> decoded;
+      std::span<const std::byte> plain;
+      open_file file;  // used by one item at a time, like the buffer
+    };
+    std::vector<slot> ring(std::min(2 * std::size_t{workers}, std::max<std::size_t>(staged.size(), 1)));
+    if constexpr (lends_buffers<Dev>) {
+      // Borrowed here, on the caller's thread; the workers only resize within them.
+      std::uint64_t largest = 0;
+      for (const auto n : staged) largest = std::max(largest, wanted[reads[n].tensor].stored->chunks.stored_size[reads[n].chunk]);
+      if (!staged.empty())
+        for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
+    }
+    run_pipeline(
+        staged.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
+        [&](std::size_t n, std::size_t si) {  // read, verify, decode: on a worker
+          auto& r = reads[staged[n]];
+          auto& sl = ring[si];
+          const auto& s = *wanted[r.tensor].stored;
+          const auto& c = s.chunks;
+          const auto i = r.chunk;
+          const auto raw_size = c.elements(i) * size_of(s.type);
+          sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
+          r.read = sl.buffer.size();
+          if (read_hashed(key_of(r), c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch(r);
+          sl.plain = sl.buffer.span();
+          if (c.codec[i] != 0) {
+            sl.decoded.resize(raw_size);
+            decode_chunk(c.codec[i], sl.buffer.span(), s.type, sl.decoded, where(r));
+            sl.plain = sl.decoded;
+          } else if (c.stored_size[i] != raw_size) {
+            throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
+                                                 " bytes, expected " + std::to_string(raw_size));
+          }
+        },
+        [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order
+          auto& r = reads[staged[n]];
+          const auto& s = *wanted[r.tensor].stored;
+          const auto& ref = *wanted[r.tensor].ref;
+          const region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
+          const auto plain = ring[si].plain;
+          r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
+            dev.from_host(plain.subspan(from, len), ref, d);
+          });
+        });
+    std::vector<std::uint64_t> filled(wanted.size(), 0);
+    std::uint64_t bytes_read = 0;
+    for (const auto& r : reads) {
+      filled[r.tensor] += r.filled;
+      bytes_read += r.read;
+    }
+    for (std::size_t k = 0; k < wanted.size(); ++k)
+      if (filled[k] != wanted[k].ref->nbytes())
+        throw error(error_kind::corrupt, "tensor " + printable(*wanted[k].name) + ": the checkpoint covers " +
+                                             std::to_string(filled[k]) + " of its " + std::to_string(wanted[k].ref->nbytes()) +
+                                             " bytes");
+    return bytes_read;
+  }
+
+
+ private:
+  /// A load worker's open file: the last file its reads came from, kept open for the next
+  /// chunk, which mostly comes from the same shard file. A load then opens each file about
+  /// once per pipeline slot, not once per chunk: a model of many small tensors (biases, norms)
+  /// otherwise pays an open and a close for each of them.
+  struct open_file {
+    std::uint32_t index = UINT32_MAX;
+    std::optional<typename reader_of<Store>::type> reader;
+  };
+
+  /// Reads `out.size()` bytes at `offset` of file `index` (`key`) and returns their XXH3,
+  /// hashing each piece as soon as it arrives: the bytes are hashed while still in the CPU's
+  /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
+  std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
+                            std::span<std::byte> out) const {
+    if constexpr (opens_readers<Store>) {
+      if (file.index != index || !file.reader) {
+        file.reader.reset();
+        file.reader.emplace(storage_->open_reader(key));
+        file.index = index;
+      }
+      // A reader that reads ahead (posix with O_DIRECT) learns how far it may.
+      if constexpr (requires { file.reader->will_read(offset, out.size()); }) file.reader->will_read(offset, out.size());
+    }
+    const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
+      if constexpr (opens_readers<Store>)
+        file.reader->read(at, part);
+      else
+        storage_->read(key, at, part);
+    };
+    constexpr std::size_t piece = read_piece_bytes<Store>();
+    if (out.size() <= piece) {
+      read(offset, out);
+      return xxh3(out);
+    }
+    xxh3_stream h;
+    for (std::size_t at = 0; at < out.size(); at += piece) {
+      const auto part = out.subspan(at, std::min(piece, out.size() - at));
+      read(offset + at, part);
+      h.update(part);
+    }
+    return h.digest();
+  }
+
+  void decode_chunk(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out,
+                    const std::string& where) const {
+    try {
+      if (decode_builtin(id, in, t, out)) return;
+      if (id != Enc::id) throw error(error_kind::corrupt, "unknown codec id " + std::to_string(id));
+      codec_->decode(in, t, out);
+    } catch (const error& e) {
+      throw error(e.kind(), where + ": " + e.what());
+    }
+  }
+
+  const Store* storage_;
+  const Enc* codec_;
+  unsigned threads_;
+};
+
+}  // namespace ckpt::detail
