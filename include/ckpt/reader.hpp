@@ -39,12 +39,8 @@ namespace ckpt {
 
 /// The name of a codec id, as `ckpt inspect` shows it ("codec 7" for one ckpt does not know).
 inline std::string codec_name(std::uint8_t id) {
-  switch (id) {
-    case raw::id: return "raw";
-    case zstd::id: return "zstd";
-    case zstd_bytegroup::id: return "zstd_bytegroup";
-    default: return "codec " + std::to_string(id);
-  }
+  if (const auto* c = detail::find_builtin_codec(id)) return c->name;
+  return "codec " + std::to_string(id);
 }
 
 /// One stored piece of a tensor: where it lives and how it is stored.

@@ -320,19 +320,33 @@ struct auto_codec {
 };
 
 namespace detail {
-/// Decodes a chunk stored with one of ckpt's own codecs (raw, zstd, zstd_bytegroup), which any
-/// reader can read whatever codec its checkpointer writes with. Returns false, touching
-/// nothing, for any other codec id.
+/// ckpt's own codecs, the one table of their ids and names: every reader decodes them, whatever
+/// codec its checkpointer writes with. A codec added to ckpt is added here.
+struct builtin_codec {
+  std::uint8_t id;
+  const char* name;
+  void (*decode)(std::span<const std::byte> in, dtype t, std::span<std::byte> out);
+};
+inline constexpr builtin_codec builtin_codecs[] = {
+    {raw::id, "raw", [](std::span<const std::byte> in, dtype t, std::span<std::byte> out) { raw{}.decode(in, t, out); }},
+    {zstd::id, "zstd", [](std::span<const std::byte> in, dtype t, std::span<std::byte> out) { zstd{}.decode(in, t, out); }},
+    {zstd_bytegroup::id, "zstd_bytegroup",
+     [](std::span<const std::byte> in, dtype t, std::span<std::byte> out) { zstd_bytegroup{}.decode(in, t, out); }},
+};
+
+/// The built-in codec with this id, or nullptr.
+inline const builtin_codec* find_builtin_codec(std::uint8_t id) noexcept {
+  for (const auto& c : builtin_codecs)
+    if (c.id == id) return &c;
+  return nullptr;
+}
+
+/// Decodes a chunk stored with one of ckpt's own codecs. Returns false, touching nothing, for
+/// any other codec id.
 inline bool decode_builtin(std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out) {
-  if (id == raw::id) {
-    raw{}.decode(in, t, out);
-  } else if (id == zstd::id) {
-    zstd{}.decode(in, t, out);
-  } else if (id == zstd_bytegroup::id) {
-    zstd_bytegroup{}.decode(in, t, out);
-  } else {
-    return false;
-  }
+  const auto* c = find_builtin_codec(id);
+  if (!c) return false;
+  c->decode(in, t, out);
   return true;
 }
 }  // namespace detail
