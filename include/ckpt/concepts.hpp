@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "lent_buffer.hpp"
 #include "tensor.hpp"
 #include "topology.hpp"
 #include "visitor.hpp"
@@ -85,6 +86,22 @@ void visit_state(visitor& v, T& state) {
   else
     access::checkpoint(s, v);
 }
+
+/// A state to visit, its type erased: what save and load pass to the checkpointer's bodies,
+/// which then do not depend on the state's type (and, with CKPT_SEPARATE_COMPILATION, are
+/// compiled once). Refers to the state; it must outlive the call.
+class state_ref {
+ public:
+  template <class T>
+  explicit state_ref(T& state) noexcept
+      : state_(const_cast<void*>(static_cast<const void*>(&state))),
+        visit_([](void* s, visitor& v) { visit_state(v, *static_cast<T*>(s)); }) {}
+  void visit(visitor& v) const { visit_(state_, v); }
+
+ private:
+  void* state_;
+  void (*visit_)(void*, visitor&);
+};
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -151,6 +168,11 @@ template <class S>
 concept opens_readers = requires(const S& cs, std::string_view key, std::uint64_t offset, std::span<std::byte> out) {
   { cs.open_reader(key).read(offset, out) };
 };
+
+/// A reader (what `open_reader` returns) that reads ahead offers `will_read(offset, bytes)`:
+/// loads say, before each read, how far the file will be read next (posix with O_DIRECT).
+template <class R>
+concept announces_reads = requires(R& r, std::uint64_t offset, std::size_t n) { r.will_read(offset, n); };
 
 /// What `open_reader` returns, or std::monostate for a Storage without readers.
 template <class S>
@@ -235,6 +257,18 @@ concept Codec = requires(const C& c, std::span<const std::byte> in, std::span<st
 };
 
 namespace detail {
+/// A Codec that chooses per tensor offers `std::uint8_t id_for(dtype, std::uint64_t bytes) const`
+/// (the id each chunk of such a tensor is stored with; 0 stores it raw) and
+/// `std::size_t encode_with(std::uint8_t id, in, dtype, out) const` to encode with that choice.
+template <class C>
+concept chooses_per_tensor = requires(const C& c, dtype t, std::uint64_t n) {
+  { c.id_for(t, n) } -> std::convertible_to<std::uint8_t>;
+};
+template <class C>
+concept encodes_with = requires(const C& c, std::uint8_t id, std::span<const std::byte> in, dtype t, std::span<std::byte> out) {
+  { c.encode_with(id, in, t, out) } -> std::convertible_to<std::size_t>;
+};
+
 template <class C>
 constexpr bool diagnose_codec() {
   if constexpr (!requires { { C::id } -> std::convertible_to<std::uint8_t>; }) {
@@ -282,6 +316,19 @@ concept DevicePolicy = requires(D& d, const D& cd, const tensor_ref& t, std::uin
 };
 
 namespace detail {
+/// A DevicePolicy that can hand out a tensor's bytes in place (host memory).
+template <class D>
+concept has_host_view = requires(const D& d, const tensor_ref& t) {
+  { d.host_view(t) } -> std::same_as<std::byte*>;
+};
+
+/// A DevicePolicy that lends the pipelines host buffers: `lend(n)` returns a lent_buffer of at
+/// least n bytes, or an empty one to refuse (over its budget).
+template <class D>
+concept lends_buffers = requires(D& d, std::size_t n) {
+  { d.lend(n) } -> std::same_as<lent_buffer>;
+};
+
 template <class D>
 constexpr bool diagnose_device_policy() {
   if constexpr (!requires(const D& d, device w) { { d.accepts(w) } -> std::convertible_to<bool>; }) {
@@ -327,6 +374,14 @@ concept Communicator = requires(C& c, const C& cc, std::vector<std::byte>& buf, 
 };
 
 namespace detail {
+/// A Communicator that may be used from a background thread says so, at run time, with
+/// `bool thread_safe() const` (ckpt::mpi: when MPI was initialised with
+/// MPI_THREAD_MULTIPLE). save_async on more than one rank needs one that says yes.
+template <class C>
+concept reports_thread_safety = requires(const C& c) {
+  { c.thread_safe() } -> std::convertible_to<bool>;
+};
+
 template <class C>
 constexpr bool diagnose_communicator() {
   if constexpr (!requires(const C& c) { { c.rank() } -> std::convertible_to<int>; { c.size() } -> std::convertible_to<int>; }) {
@@ -406,6 +461,28 @@ concept ShardPolicy = requires(P& p, const P& cp, std::string_view name, const t
 };
 
 namespace detail {
+/// A Transport whose `moves(t)` says which tensors it takes directly (see Transport).
+template <class C>
+concept chooses_tensors = requires(const C& c, const tensor_ref& t) {
+  { c.moves(t) } -> std::convertible_to<bool>;
+};
+
+/// A ShardPolicy that sends every rank's tensors to rank 0, which writes the one shard file,
+/// declares `static constexpr bool gathers = true;` (gather_to_root). The gather stage
+/// (detail/gather.hpp) then moves them.
+template <class P>
+concept gathers = requires { requires P::gathers; };
+
+/// A gathering policy whose communicator is a Transport: shards stream to rank 0 chunk by chunk
+/// at save instead of going through one gather.
+template <class P>
+concept streams = gathers<P> && Transport<typename P::communicator_type>;
+
+/// A streaming policy with a `bool scatter_on_load` member: when true, loads on several ranks
+/// scatter (rank 0 reads, the others receive).
+template <class P>
+concept scatters = streams<P> && requires(const P& p) { { p.scatter_on_load } -> std::convertible_to<bool>; };
+
 template <class P>
 constexpr bool diagnose_shard_policy() {
   if constexpr (!requires { typename P::communicator_type; }) {

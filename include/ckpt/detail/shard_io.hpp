@@ -21,12 +21,6 @@
 
 namespace ckpt::detail {
 
-/// A device policy that can hand out the tensor's bytes in place (host memory).
-template <class D>
-concept has_host_view = requires(const D& d, const tensor_ref& t) {
-  { d.host_view(t) } -> std::same_as<std::byte*>;
-};
-
 /// What writing a shard file produced: its index and the facts rank 0 records about it.
 struct written_shard {
   std::string path;  // relative to the tag directory
@@ -58,7 +52,7 @@ struct write_settings {
 /// The codec id a chunk of tensor `t` is stored with: the codec's own, or its per-tensor choice.
 template <class C>
 std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
-  if constexpr (requires { codec.id_for(t.type(), t.nbytes()); })
+  if constexpr (chooses_per_tensor<C>)
     return codec.id_for(t.type(), t.nbytes());
   else
     return C::id;
@@ -149,7 +143,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
           sl.encoded.resize(codec.max_encoded_size(sl.plain.size()));
           const auto type = tensors[jobs[i].tensor].ref.type();
           std::size_t n;
-          if constexpr (requires { codec.encode_with(jobs[i].codec, sl.plain, type, sl.encoded); })
+          if constexpr (encodes_with<C>)
             n = codec.encode_with(jobs[i].codec, sl.plain, type, sl.encoded);  // the codec's per-tensor choice
           else
             n = codec.encode(sl.plain, type, sl.encoded);
@@ -223,95 +217,6 @@ void verify_shard_file(const S& storage, const std::string& key, std::uint64_t e
   std::vector<std::byte> index(t.index_size);
   storage.read(key, t.index_offset, index);
   if (xxh3(index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
-}
-
-}  // namespace ckpt::detail
-
-namespace ckpt::detail {
-
-/// What a rank sends to the root under a gathering policy: its tensors' geometry with their
-/// bytes (or without, when they follow point to point over a Transport), and its values. The
-/// root unpacks it into buffers it owns.
-struct gathered {
-  std::vector<std::vector<std::byte>> buffers;  // owns the tensor bytes (none when streamed)
-  std::vector<stored_tensor> tensors;           // streamed: data pointers are null until received
-  std::vector<int> from;                        // the rank each tensor came from
-  std::vector<stored_value> values;
-};
-
-template <class D>
-std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values, D& device,
-                          bool with_bytes = true) {
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(static_cast<std::uint64_t>(tensors.size()));
-    std::vector<std::byte> staging;
-    for (const auto& t : tensors) {
-      write_string(ar, t.name);
-      ar(dtype_byte(t.ref.type(), t.ref.order()));
-      write_shape(ar, t.ref.shape());
-      write_shape(ar, t.ref.global_shape());
-      write_shape(ar, t.ref.global_offset());
-      ar(static_cast<std::uint64_t>(t.ref.nbytes()));
-      if (!with_bytes) continue;
-      staging.resize(t.ref.nbytes());
-      device.to_host(t.ref, 0, staging);
-      ar(cereal::binary_data(staging.data(), staging.size()));
-    }
-    ar(static_cast<std::uint64_t>(values.size()));
-    for (const auto& v : values) {
-      write_string(ar, v.name);
-      ar(v.rank, static_cast<std::uint64_t>(v.bytes.size()));
-      ar(cereal::binary_data(v.bytes.data(), v.bytes.size()));
-    }
-  }
-  return std::move(os).str();
-}
-
-/// Unpacks what rank `from` sent. Without bytes (`with_bytes` false), the tensors' data pointers
-/// stay null: their bytes follow point to point, and the sizes are checked against the shapes.
-inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into, bool with_bytes = true) {
-  const std::string where = "the tensors sent by rank " + std::to_string(from);
-  bounded_reader r(bytes, where, error_kind::communication);
-  const auto n = r.count(16, "tensor");
-  for (std::uint64_t i = 0; i < n; ++i) {
-    auto name = r.string();
-    const auto dt_id = r.u8();
-    const auto dt = dtype_from_id(dt_id & 0x7fu);
-    if (!dt) r.fail("unknown dtype id " + std::to_string(static_cast<unsigned>(dt_id)) + " of tensor " + printable(name));
-    auto shape = r.shape();
-    auto global = r.shape();
-    auto offset = r.shape();
-    std::uint64_t size;
-    std::byte* data = nullptr;
-    if (with_bytes) {
-      size = r.count(1, "tensor byte");
-      auto& b = into.buffers.emplace_back(size);
-      r.copy(b.data(), size);
-      data = b.data();
-    } else {
-      size = r.u64();
-      const auto what = where + ", tensor " + printable(name);
-      if (checked_mul(element_count(shape, what), size_of(*dt), what) != size) r.fail("tensor size does not match its shape");
-    }
-    tensor_ref ref(*dt, std::move(shape), data);
-    if (ref.nbytes() != size) r.fail("tensor size does not match its shape");
-    ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
-    ref.laid_out(layout_of_byte(dt_id));
-    into.tensors.push_back({std::move(name), std::move(ref)});
-    into.from.push_back(from);
-  }
-  const auto m = r.count(12, "value");
-  for (std::uint64_t i = 0; i < m; ++i) {
-    stored_value v;
-    v.name = r.string();
-    v.rank = r.u32();
-    v.bytes.resize(r.count(1, "value byte"));
-    r.copy(v.bytes.data(), v.bytes.size());
-    into.values.push_back(std::move(v));
-  }
-  if (r.remaining() != 0) r.fail("stray bytes at its end");
 }
 
 }  // namespace ckpt::detail

@@ -7,16 +7,10 @@
 #include <span>
 #include <vector>
 
+#include "../concepts.hpp"
 #include "../lent_buffer.hpp"
 
 namespace ckpt::detail {
-
-/// A DevicePolicy that lends the pipelines host buffers: `lend(n)` returns a lent_buffer of at
-/// least n bytes, or an empty one to refuse (over its budget).
-template <class D>
-concept lends_buffers = requires(D& d, std::size_t n) {
-  { d.lend(n) } -> std::same_as<lent_buffer>;
-};
 
 /// A resizable host buffer that borrows from `D` when it can. Contents are not kept across a
 /// resize. Only `resize` borrows, so callers size buffers on the thread that calls the policy.

@@ -42,7 +42,7 @@ inline std::vector<byte_range> transfer_ranges(const tensor_ref& t, std::uint64_
 /// Whether the Transport moves `t`'s memory itself (see the Transport concept's `moves`).
 template <class Comm>
 bool transport_moves(const Comm& comm, const tensor_ref& t) {
-  if constexpr (requires { { comm.moves(t) } -> std::convertible_to<bool>; })
+  if constexpr (chooses_tensors<Comm>)
     return comm.moves(t);
   else
     return true;
