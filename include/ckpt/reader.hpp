@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "checkpointer.hpp"
 #include "config.hpp"
 #include "detail/chunk_reader.hpp"
 #include "detail/coverage.hpp"
@@ -25,6 +24,9 @@
 #include "detail/metadata.hpp"
 #include "detail/region.hpp"
 #include "detail/shard_io.hpp"
+#include "detail/tag_store.hpp"
+#include "detail/validation_logits.hpp"
+#include "host_copy.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 #include "names.hpp"
@@ -124,35 +126,18 @@ class reader {
 
   /// Opens `tag`, or the tag `latest` names when none is given.
   explicit reader(Store storage, std::optional<std::string> tag = std::nullopt)
-      : cp_(std::make_unique<checkpointer<single_process, Store>>(single_process{}, std::move(storage))) {
-    auto& st = cp_->storage();
+      : tag_(std::make_unique<opened>(std::move(storage))) {
+    const detail::tag_store<Store> tags(tag_->storage);
     if (!tag) {
-      tag = cp_->latest();
-      if (!tag) throw error(error_kind::not_found, "no checkpoint to read: " + st.describe("latest") + " does not exist");
+      tag = tags.latest();
+      if (!tag) throw error(error_kind::not_found, "no checkpoint to read: " + tag_->storage.describe("latest") + " does not exist");
     }
-    validate_tag(*tag);
-    const auto md_key = *tag + "/" + std::string(detail::metadata_file);
-    md_name_ = st.describe(md_key);
-    const auto size = st.size(md_key);
-    if (!size) throw error(error_kind::not_found, "no committed tag " + detail::printable(*tag) + ": " + md_name_ + " does not exist");
-    if (*size > detail::max_metadata_bytes)
-      throw error(error_kind::corrupt, md_name_ + " is " + std::to_string(*size) + " bytes, more than a metadata.json can hold");
-    md_ = detail::decode_metadata(read_string(md_key, *size), md_name_);
-    const auto& map = md_.chunk_map;
-    if (map.path.empty() || map.path.find('/') != std::string::npos || map.path == detail::metadata_file ||
-        map.path == detail::marker_file)
-      throw error(error_kind::corrupt, md_name_ + ": chunk_map names " + detail::printable(map.path));
-    const auto map_key = *tag + "/" + map.path;
-    const auto map_size = st.size(map_key);
-    if (!map_size || *map_size != map.size)
-      throw error(error_kind::corrupt, st.describe(map_key) + (map_size ? " has " + std::to_string(*map_size) + " bytes" : " is missing") +
-                                           ", metadata.json recorded " + std::to_string(map.size));
-    const auto map_bytes = read_string(map_key, map.size);
-    detail::decode_chunk_map(detail::as_bytes(map_bytes), md_, st.describe(map_key));
-    detail::validate_metadata(md_, *tag, md_name_);
+    md_name_ = tag_->storage.describe(detail::metadata_key(*tag));
+    // Each tensor's tiling is checked the first time it is read (see read_all), not here.
+    tag_->md = tags.open(*tag, /*check_all_tiling=*/false);
+    tag_->verified.emplace(tag_->storage, tag_->md);
     build_info();
-    tiling_checked_.assign(md_.tensors.size(), false);
-    files_checked_.assign(md_.files.size(), false);
+    tiling_checked_.assign(tag_->md.tensors.size(), false);
   }
 
   /// What the tag holds.
@@ -172,7 +157,7 @@ class reader {
     const auto elem = size_of(t.type);
     for (std::size_t i = 0; i < c.size(); ++i) {
       const auto off = c.offset(i), shp = c.shape(i);
-      out.push_back({md_.files[c.file[i]].path, shape_t(off.begin(), off.end()), shape_t(shp.begin(), shp.end()), c.codec[i],
+      out.push_back({tag_->md.files[c.file[i]].path, shape_t(off.begin(), off.end()), shape_t(shp.begin(), shp.end()), c.codec[i],
                      c.file_offset[i], c.stored_size[i], c.elements(i) * elem});
     }
     return out;
@@ -208,25 +193,16 @@ class reader {
     wanted.reserve(targets.size());
     for (const auto& [n, ref] : targets) {
       const auto k = by_name_.find(n)->second;
-      const auto& t = md_.tensors[k];
+      const auto& t = tag_->md.tensors[k];
       if (!tiling_checked_[k]) {
-        detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
-                             error_kind::corrupt, md_name_ + ": ");
+        detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
         tiling_checked_[k] = true;
       }
       wanted.push_back({&t, &n, &ref});
     }
-    auto& st = cp_->storage();
-    const std::string dir = md_.tag + "/";
-    auto verify_file = [&](std::uint32_t f) {
-      if (files_checked_[f]) return;
-      const auto& fm = md_.files[f];
-      detail::verify_shard_file(st, dir + fm.path, fm.size, fm.index_xxh3);
-      files_checked_[f] = true;
-    };
     const raw codec;
     host_copy host;
-    (void)detail::chunk_reader<Store, raw>(st, codec, 0).load(wanted, md_, dir, verify_file, host);
+    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load(wanted, tag_->md, tag_->md.tag + "/", *tag_->verified, host);
   }
 
   /// The tag's validation logits (saved with `save_options::validation_logits`), or nullptr.
@@ -252,33 +228,17 @@ class reader {
       throw error(error_kind::mismatch, "validation logits are " + std::string(to_string(t.type)) + " " + detail::to_string(t.shape) + " in " +
                                             md_name_ + ", the buffer given is " + std::string(to_string(out.type())) + " " +
                                             detail::to_string(out.shape()) + (out.where().type != device::kind::host ? " off the host" : ""));
-    detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
-                         error_kind::corrupt, md_name_ + ": ");
-    auto& st = cp_->storage();
-    const auto& c = t.chunks;
-    const auto elem = size_of(t.type);
-    const shape_t origin(t.shape.size(), 0);
-    std::vector<std::byte> stored_bytes, decoded;
-    for (std::size_t i = 0; i < c.size(); ++i) {
-      const auto key = info_.tag + "/" + md_.files[c.file[i]].path;
-      const auto where = st.describe(key) + ", validation logits, chunk at offset " + std::to_string(c.file_offset[i]);
-      stored_bytes.resize(c.stored_size[i]);
-      st.read(key, c.file_offset[i], stored_bytes);
-      if (const auto h = detail::xxh3(stored_bytes); h != c.xxh3[i])
-        throw error(error_kind::corrupt, where + ": checksum " + detail::to_hex(h) + ", metadata recorded " + detail::to_hex(c.xxh3[i]));
-      decoded.resize(c.elements(i) * elem);
-      decode_builtin(c.codec[i], stored_bytes, t.type, decoded, where);
-      const auto off = c.offset(i), shp = c.shape(i);
-      detail::for_each_overlap_run({off, shp}, {origin, t.shape}, elem, [&](std::uint64_t d, std::uint64_t s, std::uint64_t n) {
-        std::memcpy(out.data() + d, decoded.data() + s, n);
-      });
-    }
+    detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
+    const std::string name = "validation logits";
+    const raw codec;
+    host_copy host;
+    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load({{&t, &name, &out}}, tag_->md, tag_->md.tag + "/", *tag_->verified, host);
   }
 
   /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.
   std::vector<std::byte> value_bytes(std::string_view name, std::uint32_t rank = 0) {
-    for (const auto& v : md_.values)
-      if (v.name == name && v.rank == rank) return detail::read_value(cp_->storage(), info_.tag + "/" + md_.files[v.file].path, v);
+    for (const auto& v : tag_->md.values)
+      if (v.name == name && v.rank == rank) return detail::read_value(tag_->storage, info_.tag + "/" + tag_->md.files[v.file].path, v);
     throw error(error_kind::not_found, "no value " + detail::printable(name) + " of rank " + std::to_string(rank) + " in " + md_name_);
   }
 
@@ -288,11 +248,11 @@ class reader {
   /// every problem found (I/O errors included) rather than throwing at the first.
   verify_report verify(const progress& on_progress = {}) {
     verify_report rep;
-    auto& st = cp_->storage();
+    auto& st = tag_->storage;
     const std::string dir = info_.tag + "/";
-    std::vector<bool> file_ok(md_.files.size(), true);
-    for (std::size_t f = 0; f < md_.files.size(); ++f) {
-      const auto& fm = md_.files[f];
+    std::vector<bool> file_ok(tag_->md.files.size(), true);
+    for (std::size_t f = 0; f < tag_->md.files.size(); ++f) {
+      const auto& fm = tag_->md.files[f];
       try {
         detail::verify_shard_file(st, dir + fm.path, fm.size, fm.index_xxh3);
       } catch (const error& e) {
@@ -301,10 +261,9 @@ class reader {
         file_ok[f] = st.size(dir + fm.path) == fm.size;
       }
     }
-    for (const auto& t : md_.tensors) {
+    for (const auto& t : tag_->md.tensors) {
       try {
-        detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md_.files[t.chunks.file[i]].path; },
-                             error_kind::corrupt, md_name_ + ": ");
+        detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
       } catch (const error& e) {
         rep.problems.push_back(e.what());
       }
@@ -318,19 +277,19 @@ class reader {
     };
     std::vector<item> items;
     std::uint64_t total = 0;
-    for (const auto& t : md_.tensors)
+    for (const auto& t : tag_->md.tensors)
       for (std::size_t i = 0; i < t.chunks.size(); ++i) {
         items.push_back({t.chunks.file[i], t.chunks.file_offset[i], &t, i});
         total += t.chunks.stored_size[i];
       }
-    for (const auto& v : md_.values) total += v.size;
+    for (const auto& v : tag_->md.values) total += v.size;
     std::sort(items.begin(), items.end(), [](const item& a, const item& b) { return std::tie(a.file, a.at) < std::tie(b.file, b.at); });
     std::vector<std::byte> buffer, decoded;
     for (const auto& it : items) {
       if (!file_ok[it.file]) continue;
       const auto& c = it.tensor->chunks;
       const auto i = it.chunk;
-      const auto key = dir + md_.files[it.file].path;
+      const auto key = dir + tag_->md.files[it.file].path;
       const auto where = st.describe(key) + ", tensor " + detail::printable(it.tensor->name) + ", chunk at offset " +
                          std::to_string(c.file_offset[i]);
       try {
@@ -349,9 +308,9 @@ class reader {
       }
       if (on_progress) on_progress(rep.bytes_checked, total);
     }
-    for (const auto& v : md_.values) {
+    for (const auto& v : tag_->md.values) {
       if (!file_ok[v.file]) continue;
-      const auto key = dir + md_.files[v.file].path;
+      const auto key = dir + tag_->md.files[v.file].path;
       try {
         rep.bytes_checked += detail::read_value(st, key, v).size();
       } catch (const error& e) {
@@ -364,19 +323,13 @@ class reader {
   }
 
   /// The storage the tag lives in.
-  Store& storage() noexcept { return cp_->storage(); }
+  Store& storage() noexcept { return tag_->storage; }
 
  private:
   const detail::tensor_meta& stored(std::string_view name) const {
     auto it = by_name_.find(std::string(name));
     if (it == by_name_.end()) throw error(error_kind::not_found, "no tensor " + detail::printable(name) + " in " + md_name_);
-    return md_.tensors[it->second];
-  }
-
-  std::string read_string(const std::string& key, std::uint64_t size) {
-    std::string s(size, '\0');
-    cp_->storage().read(key, 0, std::as_writable_bytes(std::span(s.data(), s.size())));
-    return s;
+    return tag_->md.tensors[it->second];
   }
 
   /// Decodes with one of ckpt's own codecs; a chunk of another codec has had its checksum
@@ -391,15 +344,15 @@ class reader {
   }
 
   void build_info() {
-    info_.tag = md_.tag;
-    info_.iteration = md_.iteration;
-    info_.format_version = md_.format_version;
-    info_.topology = md_.topology;
-    info_.config = md_.config;
-    for (const auto& f : md_.files) info_.files.push_back({f.path, f.rank, f.size});
-    for (const auto& v : md_.values) info_.values.push_back({v.name, v.rank, v.size});
-    for (std::size_t k = 0; k < md_.tensors.size(); ++k) {
-      const auto& t = md_.tensors[k];
+    info_.tag = tag_->md.tag;
+    info_.iteration = tag_->md.iteration;
+    info_.format_version = tag_->md.format_version;
+    info_.topology = tag_->md.topology;
+    info_.config = tag_->md.config;
+    for (const auto& f : tag_->md.files) info_.files.push_back({f.path, f.rank, f.size});
+    for (const auto& v : tag_->md.values) info_.values.push_back({v.name, v.rank, v.size});
+    for (std::size_t k = 0; k < tag_->md.tensors.size(); ++k) {
+      const auto& t = tag_->md.tensors[k];
       tensor_info ti;
       ti.name = t.name;
       ti.type = t.type;
@@ -415,7 +368,7 @@ class reader {
         codecs.insert(codec_name(t.chunks.codec[i]));
       }
       ti.chunks = t.chunks.size();
-      for (auto f : files) ti.files.push_back(md_.files[f].path);
+      for (auto f : files) ti.files.push_back(tag_->md.files[f].path);
       std::sort(ti.files.begin(), ti.files.end());
       ti.codecs.assign(codecs.begin(), codecs.end());
       info_.raw_bytes += ti.raw_bytes;
@@ -425,13 +378,18 @@ class reader {
     }
   }
 
-  std::unique_ptr<checkpointer<single_process, Store>> cp_;  // held by pointer: a reader can move
-  detail::metadata md_;
+  /// What the verifier refers to, held by pointer so that a reader can move.
+  struct opened {
+    explicit opened(Store s) : storage(std::move(s)) {}
+    Store storage;
+    detail::metadata md;
+    std::optional<detail::file_verifier<Store>> verified;  // each shard file's header, trailer and index, once
+  };
+  std::unique_ptr<opened> tag_;
   checkpoint_info info_;
   std::string md_name_;
   std::map<std::string, std::size_t> by_name_;
-  std::vector<bool> tiling_checked_;  // per tensor of md_: read_all checked its chunks tile it
-  std::vector<bool> files_checked_;   // per file of md_: read_all verified its header, trailer and index
+  std::vector<bool> tiling_checked_;  // per tensor of tag_->md: read_all checked its chunks tile it
 };
 
 }  // namespace ckpt

@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -200,27 +199,21 @@ struct saved_tensor {
   std::uint64_t numel() const { return detail::element_count(shape, "saved tensor"); }
 };
 
-/// The names a load's checkpoint holds, for `visitor::saved`: built by the checkpointer from
-/// metadata.json before it visits the state. The names are views into the metadata.
+/// The names a load's checkpoint holds, for `visitor::saved`: the checkpointer's index of
+/// metadata.json (detail::stored_index), built once per load and also used to match and plan
+/// the restore.
 class saved_contents {
  public:
-  void add_tensor(std::string_view name, dtype type, const shape_t& shape) { tensors_.emplace(name, entry{type, &shape}); }
-  void add_value(std::string_view name) { values_.insert(name); }
+  /// The saved dtype and global shape of tensor `name`, or nullopt.
+  virtual std::optional<saved_tensor> tensor(std::string_view name) const = 0;
+  /// Whether value `name` is stored.
+  virtual bool value(std::string_view name) const = 0;
 
-  std::optional<saved_tensor> tensor(std::string_view name) const {
-    const auto it = tensors_.find(name);
-    if (it == tensors_.end()) return std::nullopt;
-    return saved_tensor{it->second.type, *it->second.shape};
-  }
-  bool value(std::string_view name) const { return values_.count(name) != 0; }
-
- private:
-  struct entry {
-    dtype type;
-    const shape_t* shape;
-  };
-  std::unordered_map<std::string_view, entry> tensors_;
-  std::unordered_set<std::string_view> values_;
+ protected:
+  saved_contents() = default;
+  saved_contents(const saved_contents&) = default;
+  saved_contents& operator=(const saved_contents&) = default;
+  ~saved_contents() = default;
 };
 
 /// A value type that stands for state living elsewhere (a handle, such as
@@ -352,8 +345,6 @@ class visitor {
   const std::vector<tensor_entry>& tensors() const noexcept { return tensors_; }
   /// The values recorded so far, in visiting order.
   const std::vector<value_entry>& values() const noexcept { return values_; }
-  /// Full names of the groups skipped; ckpt ignores stored entries under them.
-  const std::vector<std::string>& skipped_groups() const noexcept { return skipped_; }
 
   /// True when `name` lies inside a group this visitor skipped.
   bool in_skipped_group(std::string_view name) const noexcept {

@@ -33,6 +33,33 @@ struct tensor_load {
   const tensor_ref* ref;
 };
 
+/// Checks a shard file's size, header, trailer and footer index the first time a load touches
+/// it (the `Verify` that `chunk_reader::load` calls before reading a file's chunks).
+template <class Store>
+class file_verifier {
+ public:
+  file_verifier(const Store& storage, const metadata& md)
+      : storage_(&storage), md_(&md), tag_dir_(md.tag + "/"), checked_(md.files.size(), false) {}
+
+  void operator()(std::uint32_t f) {
+    if (checked_[f]) return;
+    const auto& fm = md_->files[f];
+    verify_shard_file(*storage_, tag_dir_ + fm.path, fm.size, fm.index_xxh3);
+    checked_[f] = true;
+    bytes_read_ += header_used + trailer_bytes;
+  }
+
+  /// Bytes read to check files so far.
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
+ private:
+  const Store* storage_;
+  const metadata* md_;
+  std::string tag_dir_;
+  std::vector<bool> checked_;
+  std::uint64_t bytes_read_ = 0;
+};
+
 /// Reads chunks of one tag's shard files from `Store`, decoding them with ckpt's codecs and
 /// `Enc`, on up to `threads` workers (1 where the Storage does not take concurrent reads).
 template <class Store, class Enc>
@@ -91,13 +118,18 @@ class chunk_reader {
       }
     }
     const unsigned workers = concurrent_reads<Store> ? worker_count(threads_) : 1u;
+    // ckpt's own tensors ("__ckpt.*", the validation logits) are named for what they are, with
+    // the chunk's offset, as reader::verify names them.
+    const auto own = [&](const chunk_read& r) { return wanted[r.tensor].stored->name.starts_with("__ckpt."); };
+    const auto offset_of = [&](const chunk_read& r) { return std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]); };
     const auto where = [&](const chunk_read& r) {
       const auto& s = *wanted[r.tensor].stored;
-      return storage_->describe(tag_dir + md.files[s.chunks.file[r.chunk]].path) + ", tensor " + printable(*wanted[r.tensor].name);
+      const auto file = storage_->describe(tag_dir + md.files[s.chunks.file[r.chunk]].path);
+      if (own(r)) return file + ", " + *wanted[r.tensor].name + ", chunk at offset " + offset_of(r);
+      return file + ", tensor " + printable(*wanted[r.tensor].name);
     };
     const auto mismatch = [&](const chunk_read& r) {
-      return error(error_kind::corrupt, where(r) + ": chunk checksum mismatch at offset " +
-                                            std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]));
+      return error(error_kind::corrupt, where(r) + (own(r) ? ": checksum mismatch" : ": chunk checksum mismatch at offset " + offset_of(r)));
     };
     const auto key_of = [&](const chunk_read& r) { return tag_dir + md.files[wanted[r.tensor].stored->chunks.file[r.chunk]].path; };
 
@@ -197,7 +229,7 @@ class chunk_reader {
         file.index = index;
       }
       // A reader that reads ahead (posix with O_DIRECT) learns how far it may.
-      if constexpr (requires { file.reader->will_read(offset, out.size()); }) file.reader->will_read(offset, out.size());
+      if constexpr (announces_reads<typename reader_of<Store>::type>) file.reader->will_read(offset, out.size());
     }
     const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
       if constexpr (opens_readers<Store>)

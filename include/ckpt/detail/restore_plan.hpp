@@ -1,0 +1,200 @@
+#pragma once
+// The load stage between opening a tag and reading it: one index of what the checkpoint holds
+// (it also answers `visitor::saved` while the state is visited), the config check, matching the
+// live names against the stored ones, and the restore plan: every tensor and value this rank
+// reads, checked (dtype, shape, layout, device, per-rank values under a topology change)
+// before any byte is read.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../error.hpp"
+#include "../options.hpp"
+#include "../topology.hpp"
+#include "../visitor.hpp"
+#include "chunk_reader.hpp"
+#include "metadata.hpp"
+#include "tag_store.hpp"
+
+namespace ckpt::detail {
+
+/// What a tag holds, by name: built once per load from its metadata (the names are views into
+/// it), so every lookup while visiting, matching and planning is one hash probe.
+class stored_index final : public saved_contents {
+ public:
+  explicit stored_index(const metadata& md) {
+    tensors_.reserve(md.tensors.size());
+    for (const auto& t : md.tensors) tensors_.emplace(t.name, &t);
+    for (const auto& val : md.values) values_[val.name].push_back(&val);
+  }
+
+  std::optional<saved_tensor> tensor(std::string_view name) const override {
+    const auto* t = find_tensor(name);
+    if (!t) return std::nullopt;
+    return saved_tensor{t->type, t->shape};
+  }
+  bool value(std::string_view name) const override { return values_.count(name) != 0; }
+
+  const tensor_meta* find_tensor(std::string_view name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : it->second;
+  }
+  /// The stored copies of value `name`, one per rank that saved it (nullptr: none).
+  const std::vector<const value_meta*>* find_value(std::string_view name) const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::unordered_map<std::string_view, const tensor_meta*> tensors_;
+  std::unordered_map<std::string_view, std::vector<const value_meta*>> values_;
+};
+
+/// A `mismatch` error listing every config key whose saved and live values differ (keys in
+/// `ignore` aside).
+inline void check_config(const metadata& md, const config& live, const std::vector<std::string>& ignore, const std::string& md_name) {
+  std::set<std::string> keys;
+  for (const auto& [k, _] : md.config.entries()) keys.insert(k);
+  for (const auto& [k, _] : live.entries()) keys.insert(k);
+  std::string diffs;
+  for (const auto& k : keys) {
+    if (std::find(ignore.begin(), ignore.end(), k) != ignore.end()) continue;
+    const auto* a = md.config.find(k);
+    const auto* b = live.find(k);
+    if (a && b && *a == *b) continue;
+    diffs += (diffs.empty() ? "" : "; ") + k + " saved " + (a ? *a : std::string("(absent)")) + ", current " +
+             (b ? *b : std::string("(absent)"));
+  }
+  if (!diffs.empty()) throw error(error_kind::mismatch, "config mismatch in " + md_name + ": " + diffs);
+}
+
+/// Lists live names the checkpoint lacks (missing), stored names the live state lacks
+/// (unexpected) and stored names inside skipped groups (skipped).
+inline void match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result) {
+  std::unordered_set<std::string_view> live;
+  for (const auto& t : v.tensors()) {
+    live.insert(t.name);
+    if (!index.find_tensor(t.name)) result.missing.push_back(t.name);
+  }
+  for (const auto& val : v.values()) {
+    live.insert(val.name);
+    if (!index.find_value(val.name)) result.missing.push_back(val.name);
+  }
+  std::unordered_set<std::string_view> done;  // values appear once per rank
+  auto classify = [&](const std::string& name) {
+    if (name.starts_with("__ckpt") || live.count(name) || !done.insert(name).second) return;
+    (v.in_skipped_group(name) ? result.skipped : result.unexpected).push_back(name);
+  };
+  for (const auto& t : md.tensors) classify(t.name);
+  for (const auto& val : md.values) classify(val.name);
+}
+
+/// With pipeline stages each rank holds only some tensors: a stored name is unexpected only
+/// when no rank holds it (collective over `comm`).
+template <class Comm>
+void agree_on_unexpected(Comm& comm, load_result& result) {
+  if (comm.size() == 1) return;
+  std::string mine;
+  for (const auto& n : result.unexpected) mine += n + '\n';
+  const auto all = comm.all_gather(as_bytes(mine));
+  std::map<std::string, std::size_t, std::less<>> seen;
+  for (const auto& b : all) {
+    std::string_view text(reinterpret_cast<const char*>(b.data()), b.size());
+    for (std::size_t at = 0; at < text.size();) {
+      const auto nl = text.find('\n', at);
+      ++seen[std::string(text.substr(at, nl - at))];
+      at = nl + 1;
+    }
+  }
+  std::erase_if(result.unexpected, [&](const std::string& n) { return seen[n] != all.size(); });
+}
+
+/// What a load reads for this rank, decided (and checked) before any byte is read.
+struct restore_plan {
+  std::vector<tensor_load> tensors;
+  std::vector<std::pair<const value_entry*, const value_meta*>> values;  // live value, stored one
+};
+
+/// Who is loading: what the plan checks the live state against besides the checkpoint.
+struct restore_context {
+  std::uint32_t rank = 0;
+  topology live_topology;
+  std::string md_name;  // metadata.json as the Storage describes it, for messages
+};
+
+/// Checks the live state against the checkpoint and decides what to read: every live tensor
+/// that is stored, and the stored value each live value is restored from. `accepts(where)`
+/// says whether the DevicePolicy can load into a tensor there.
+template <class Accepts>
+restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const load_options& opts,
+                          const restore_context& ctx, Accepts&& accepts, load_result& result) {
+  const auto& md_name = ctx.md_name;
+  if (opts.strict && (!result.missing.empty() || !result.unexpected.empty())) {
+    std::string msg = "checkpoint " + md.tag + " does not match the live state";
+    if (!result.missing.empty()) msg += "; missing from the checkpoint: " + join(result.missing);
+    if (!result.unexpected.empty()) msg += "; in the checkpoint but not in the live state: " + join(result.unexpected);
+    throw error(error_kind::mismatch, msg + " (" + md_name + ")");
+  }
+  restore_plan plan;
+  for (const auto& t : v.tensors()) {
+    const auto* found = index.find_tensor(t.name);
+    if (!found) continue;
+    const auto& s = *found;
+    // Layouts first: a column-major tensor's shapes are in memory order, which only make
+    // sense to the user reversed (and a square matrix's agree in either order).
+    if (s.order != t.ref.order() ||
+        (s.order == layout::column_major && (s.type != t.ref.type() || s.shape != t.ref.global_shape())))
+      throw error(error_kind::mismatch, "tensor " + printable(t.name) + ": saved " + std::string(to_string(s.type)) + " " +
+                                            std::string(to_string(s.order)) + " " + to_string(logical_shape(s.shape, s.order)) +
+                                            ", live " + std::string(to_string(t.ref.type())) + " " +
+                                            std::string(to_string(t.ref.order())) + " " +
+                                            to_string(logical_shape(t.ref.global_shape(), t.ref.order())) + " (" + md_name + ")");
+    if (s.type != t.ref.type() || s.shape != t.ref.global_shape())
+      throw error(error_kind::mismatch, "tensor " + printable(t.name) + ": saved " + std::string(to_string(s.type)) + " " +
+                                            to_string(s.shape) + ", live " + std::string(to_string(t.ref.type())) + " " +
+                                            to_string(t.ref.global_shape()) + " (" + md_name + ")");
+    if (!t.ref.writable())
+      throw error(error_kind::invalid_argument, "tensor " + printable(t.name) + " is read-only and cannot be loaded into");
+    if (!accepts(t.ref.where()))
+      throw error(error_kind::invalid_argument, "tensor " + printable(t.name) + " lives on a device the DevicePolicy does not handle");
+    plan.tensors.push_back({found, &t.name, &t.ref});
+  }
+
+  // Per-rank values decide before any byte is read whether the load can go ahead at all.
+  const bool same_layout = md.topology == ctx.live_topology;
+  if (!same_layout && opts.on_topology_change == topology_change::error && !v.values().empty())
+    throw error(error_kind::mismatch, "checkpoint " + md.tag + " was saved with " + to_string(md.topology) +
+                                          " and is loaded with " + to_string(ctx.live_topology) +
+                                          ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
+                                          "load_options::on_topology_change to keep_live or from_rank_0");
+  // Values are per rank: restored rank-for-rank when the layout is the one saved, otherwise
+  // as the caller chose.
+  const auto my_rank = same_layout ? ctx.rank : 0u;
+  for (const auto& val : v.values()) {
+    const auto* copies = index.find_value(val.name);
+    if (!copies) continue;
+    if (!same_layout && opts.on_topology_change == topology_change::keep_live) {
+      result.kept_live.push_back(val.name);
+      continue;
+    }
+    const value_meta* pick = nullptr;
+    for (const auto* m : *copies)
+      if (m->rank == my_rank) pick = m;
+    if (!pick)
+      throw error(error_kind::mismatch, "value " + printable(val.name) + " was not saved by rank " + std::to_string(my_rank) +
+                                            " (" + md_name + ")");
+    plan.values.emplace_back(&val, pick);
+  }
+  return plan;
+}
+
+}  // namespace ckpt::detail
