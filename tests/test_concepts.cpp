@@ -171,3 +171,24 @@ TEST_CASE("a user codec composes with the checkpointer") {
   CHECK(e.kind() == ckpt::error_kind::corrupt);
   CHECK(std::string(e.what()).find("unknown codec id 130") != std::string::npos);
 }
+
+#include <ckpt/in_process.hpp>
+
+// Capabilities are found by name (concepts.hpp); a misspelt member would silently turn a fast
+// path off, so ckpt's own back ends are pinned here to the ones they declare.
+TEST_CASE("capabilities: ckpt's own back ends offer exactly the optional members they declare") {
+  using namespace ckpt::detail;
+  static_assert(concurrent_reads<ckpt::posix> && lockable_root<ckpt::posix> && opens_readers<ckpt::posix>);
+  static_assert(announces_reads<reader_of<ckpt::posix>::type>);
+  static_assert(concurrent_reads<ckpt::memory_storage> && !lockable_root<ckpt::memory_storage>);
+  static_assert(has_host_view<ckpt::host_copy> && !lends_buffers<ckpt::host_copy>);
+  static_assert(chooses_per_tensor<ckpt::auto_codec> && encodes_with<ckpt::auto_codec>);
+  static_assert(!chooses_per_tensor<ckpt::zstd> && !encodes_with<ckpt::raw>);
+  static_assert(reports_thread_safety<ckpt::in_process> && chooses_tensors<ckpt::in_process>);
+  static_assert(!reports_thread_safety<ckpt::local>);
+  static_assert(gathers<ckpt::gather_to_root<ckpt::local>> && !streams<ckpt::gather_to_root<ckpt::local>>);
+  static_assert(scatters<ckpt::gather_to_root<ckpt::in_process>>);
+  static_assert(!gathers<ckpt::megatron<ckpt::local>> && !gathers<ckpt::single_process>);
+  CHECK(read_piece_bytes<ckpt::posix>() == std::size_t{256} * 1024);
+  CHECK(read_piece_bytes<ckpt::memory_storage>() == std::size_t{256} * 1024);
+}
