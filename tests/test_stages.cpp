@@ -13,6 +13,7 @@
 #include <ckpt/megatron.hpp>
 #include <ckpt/memory_storage.hpp>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -272,4 +273,37 @@ TEST_CASE("validation logits: the worst element is named by its index") {
   CHECK_THROWS_WITH_AS(ckpt::detail::compare_validation_logits(md, ckpt::view(now.data(), {2, 2}), {}, chunks, verify, result),
                        doctest::Contains("2 of 4 elements outside rtol=1e-05 atol=1e-08; max abs difference 0.5 at [1, 1]"),
                        ckpt::error);
+}
+
+TEST_CASE("values: a number is stored as cereal's PortableBinary archive stores it, without the archive") {
+  const auto through_cereal = [](const auto& x) {
+    std::ostringstream os(std::ios::binary);
+    {
+      cereal::PortableBinaryOutputArchive ar(os);
+      ar(x);
+    }
+    const auto s = std::move(os).str();
+    const auto* b = reinterpret_cast<const std::byte*>(s.data());
+    return std::vector<std::byte>(b, b + s.size());
+  };
+  const auto same_bytes = [&](const auto& x) { return ckpt::detail::encode_value(x) == through_cereal(x); };
+  CHECK(same_bytes(std::int8_t{-5}));
+  CHECK(same_bytes(std::uint16_t{0xbeef}));
+  CHECK(same_bytes(std::int32_t{-123456}));
+  CHECK(same_bytes(std::uint64_t{0x0123456789abcdef}));
+  CHECK(same_bytes(1.5f));
+  CHECK(same_bytes(-2.25e300));
+  CHECK(same_bytes(true));
+
+  // Read back, and a changed type refused by name.
+  std::uint64_t back = 0;
+  ckpt::detail::decode_value(through_cereal(std::uint64_t{42}), back, "value 'step'");
+  CHECK(back == 42);
+  std::uint32_t narrower = 0;
+  CHECK_THROWS_WITH_AS(ckpt::detail::decode_value(through_cereal(std::uint64_t{42}), narrower, "value 'step'"),
+                       doctest::Contains("value 'step': stored 9 bytes, the live type (a 4-byte number) reads 5"), ckpt::error);
+  bool flag = false;
+  auto bad_bool = through_cereal(true);
+  bad_bool[1] = std::byte{7};
+  CHECK_THROWS_WITH_AS(ckpt::detail::decode_value(bad_bool, flag, "value 'flag'"), doctest::Contains("is not a bool"), ckpt::error);
 }

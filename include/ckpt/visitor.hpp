@@ -3,6 +3,8 @@
 /// The visitor a Checkpointable type describes itself to: `tensor`, `value` and `group`.
 
 #include <array>
+#include <bit>
+#include <cstring>
 #include <functional>
 #include <locale>
 #include <memory>
@@ -130,50 +132,75 @@ concept streamed_value = !cereal_value<T> && requires(std::ostream& os, std::ist
   is >> x;
 };
 
+// An arithmetic value is stored as cereal's PortableBinary archive stores it, a byte-order flag
+// (1: little-endian) and then its bytes, written here directly: the same bytes, without an
+// archive and a stream for every integer a state holds.
 template <class T>
-concept storable_value = cereal_value<T> || streamed_value<T>;
+concept plain_number = std::is_arithmetic_v<T> && std::endian::native == std::endian::little;
+
+template <class T>
+concept storable_value = plain_number<T> || cereal_value<T> || streamed_value<T>;
 
 template <class T>
 std::vector<std::byte> encode_value(const T& x) {
-  std::ostringstream os(std::ios::binary);
-  if constexpr (cereal_value<T>) {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(x);
+  if constexpr (plain_number<T>) {
+    std::vector<std::byte> out(1 + sizeof(T));
+    out[0] = std::byte{1};
+    std::memcpy(out.data() + 1, &x, sizeof(T));
+    return out;
   } else {
-    os.imbue(std::locale::classic());
-    os << x;
+    std::ostringstream os(std::ios::binary);
+    if constexpr (cereal_value<T>) {
+      cereal::PortableBinaryOutputArchive ar(os);
+      ar(x);
+    } else {
+      os.imbue(std::locale::classic());
+      os << x;
+    }
+    const std::string s = std::move(os).str();
+    const auto* b = reinterpret_cast<const std::byte*>(s.data());
+    return {b, b + s.size()};
   }
-  const std::string s = std::move(os).str();
-  const auto* b = reinterpret_cast<const std::byte*>(s.data());
-  return {b, b + s.size()};
 }
 
 /// Restores `x` from bytes written by encode_value; every byte must be consumed, so a value
 /// whose type changed since the save is reported instead of half-read.
 template <class T>
 void decode_value(std::span<const std::byte> bytes, T& x, const std::string& where) {
-  span_streambuf buf(bytes);
-  std::istream is(&buf);
-  bool parsed = true;
-  try {
-    if constexpr (cereal_value<T>) {
-      cereal::PortableBinaryInputArchive ar(is);
-      ar(x);
-    } else {
-      is.imbue(std::locale::classic());
-      is >> x;
-      parsed = static_cast<bool>(is);
-      is >> std::ws;
+  if constexpr (plain_number<T>) {
+    if (bytes.size() != 1 + sizeof(T) || bytes[0] != std::byte{1})
+      throw error(error_kind::mismatch, where + ": stored " + std::to_string(bytes.size()) + " bytes, the live type (a " +
+                                            std::to_string(sizeof(T)) + "-byte number) reads " + std::to_string(1 + sizeof(T)) +
+                                            (bytes.empty() || bytes[0] == std::byte{1} ? "" : " in little-endian order"));
+    if constexpr (std::is_same_v<T, bool>) {
+      if (bytes[1] != std::byte{0} && bytes[1] != std::byte{1})
+        throw error(error_kind::mismatch, where + ": stored byte " + std::to_string(static_cast<unsigned>(bytes[1])) + " is not a bool");
     }
-  } catch (const error& e) {  // a type's own load refused what it read: say which value
-    throw error(e.kind(), where + ": " + e.what());
-  } catch (const std::exception& e) {
-    throw error(error_kind::mismatch, where + ": cannot be read as the live type (" + e.what() + ")");
+    std::memcpy(&x, bytes.data() + 1, sizeof(T));
+  } else {
+    span_streambuf buf(bytes);
+    std::istream is(&buf);
+    bool parsed = true;
+    try {
+      if constexpr (cereal_value<T>) {
+        cereal::PortableBinaryInputArchive ar(is);
+        ar(x);
+      } else {
+        is.imbue(std::locale::classic());
+        is >> x;
+        parsed = static_cast<bool>(is);
+        is >> std::ws;
+      }
+    } catch (const error& e) {  // a type's own load refused what it read: say which value
+      throw error(e.kind(), where + ": " + e.what());
+    } catch (const std::exception& e) {
+      throw error(error_kind::mismatch, where + ": cannot be read as the live type (" + e.what() + ")");
+    }
+    if (!parsed) throw error(error_kind::mismatch, where + ": the stored text does not parse as the live type");
+    if (buf.remaining() != 0)
+      throw error(error_kind::mismatch, where + ": stored " + std::to_string(bytes.size()) + " bytes, the live type read " +
+                                            std::to_string(bytes.size() - buf.remaining()));
   }
-  if (!parsed) throw error(error_kind::mismatch, where + ": the stored text does not parse as the live type");
-  if (buf.remaining() != 0)
-    throw error(error_kind::mismatch, where + ": stored " + std::to_string(bytes.size()) + " bytes, the live type read " +
-                                          std::to_string(bytes.size() - buf.remaining()));
 }
 }  // namespace detail
 
