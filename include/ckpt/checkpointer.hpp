@@ -68,14 +68,10 @@ class checkpointer {
   using codec_type = Enc;
   using device_type = Device;
 
-  checkpointer(Policy policy, Store storage, checkpointer_options options = {}, Enc codec = {}, Device device = {})
-      : policy_(std::move(policy)), storage_(std::move(storage)), options_(std::move(options)),
-        codec_(std::move(codec)), device_(std::move(device)), tags_(storage_) {
-    if (options_.chunk_bytes == 0) throw error(error_kind::invalid_argument, "checkpointer_options::chunk_bytes must be > 0");
-  }
+  checkpointer(Policy policy, Store storage, checkpointer_options options = {}, Enc codec = {}, Device device = {});
 
   /// Waits for a save_async still in flight (its error, if any, is lost: call `wait()` first).
-  ~checkpointer() { finish_pending(false); }
+  ~checkpointer();
   // A background save refers to this object, so it stays where it was made.
   checkpointer(const checkpointer&) = delete;
   checkpointer& operator=(const checkpointer&) = delete;
@@ -271,14 +267,13 @@ class checkpointer {
   /// logits, and restores values.
   void read_restore(const detail::metadata& md, const detail::restore_plan& plan, const load_options& opts,
                     detail::file_verifier<Store>& verify_file, load_result& result) {
-    const std::string tag_dir = md.tag + "/";
-    result.bytes_read += chunks().load(plan.tensors, md, tag_dir, verify_file, device_);
+    result.bytes_read += chunks().load(plan.tensors, md, verify_file, device_);
     if (opts.validation_logits) detail::compare_validation_logits(md, *opts.validation_logits, opts, chunks(), verify_file, result);
     // Values last: they are small, and restoring them only after every tensor verified keeps
     // iteration counters and RNGs consistent with the weights.
     for (const auto& [val, pick] : plan.values) {
       verify_file(pick->file);
-      const auto key = tag_dir + md.files[pick->file].path;
+      const auto key = detail::file_key(md, pick->file);
       const auto bytes = detail::read_value(storage_, key, *pick);
       result.bytes_read += bytes.size();
       val->load(bytes, "value " + detail::printable(val->name) + " in " + storage_.describe(key));
@@ -301,6 +296,19 @@ class checkpointer {
   detail::snapshot_buffers<Device> snapshot_;  // async saves' copies of the tensors, reused
 };
 
+
+template <class Policy, class Store, class Enc, class Device>
+checkpointer<Policy, Store, Enc, Device>::checkpointer(Policy policy, Store storage, checkpointer_options options, Enc codec,
+                                                       Device device)
+    : policy_(std::move(policy)), storage_(std::move(storage)), options_(std::move(options)), codec_(std::move(codec)),
+      device_(std::move(device)), tags_(storage_) {
+  if (options_.chunk_bytes == 0) throw error(error_kind::invalid_argument, "checkpointer_options::chunk_bytes must be > 0");
+}
+
+template <class Policy, class Store, class Enc, class Device>
+checkpointer<Policy, Store, Enc, Device>::~checkpointer() {
+  finish_pending(false);
+}
 
 template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::save_state(std::uint64_t iteration, detail::state_ref state, const save_options& opts) {
@@ -386,11 +394,5 @@ std::vector<std::string> checkpointer<Policy, Store, Enc, Device>::prune(std::si
   store.remove(victims);
   return victims;
 }
-
-#if defined(CKPT_SEPARATE_COMPILATION)
-// The default checkpointer's bodies are compiled once, in the translation unit that includes
-// ckpt/impl/src.hpp; a program may declare (here) and define (there) others the same way.
-extern template class checkpointer<single_process, posix, raw, host_copy>;
-#endif
 
 }  // namespace ckpt

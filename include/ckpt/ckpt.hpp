@@ -40,3 +40,13 @@
 #include "version.hpp"
 #include "visitor.hpp"
 #include "zstd.hpp"
+
+#if defined(CKPT_SEPARATE_COMPILATION)
+// Compiled once, in the translation unit that includes ckpt/impl/src.hpp (impl/instances.hpp).
+#include "impl/instances.hpp"
+#define CKPT_DECLARE_EXTERN_CHECKPOINTER(P, S, C, D) extern template class checkpointer<P, S, C, D>;
+namespace ckpt {
+CKPT_PRECOMPILED_CHECKPOINTERS(CKPT_DECLARE_EXTERN_CHECKPOINTER)
+}  // namespace ckpt
+#undef CKPT_DECLARE_EXTERN_CHECKPOINTER
+#endif

@@ -12,10 +12,16 @@
 #include <type_traits>
 #include <utility>
 
-#include <cereal/archives/json.hpp>
 #include <cereal/cereal.hpp>
 #include <cereal/types/map.hpp>
 #include <cereal/types/string.hpp>
+
+// Named for config's own JSON form, defined only where metadata.json is read and written
+// (impl/metadata.ipp).
+namespace cereal {
+class JSONInputArchive;
+class JSONOutputArchive;
+}  // namespace cereal
 
 namespace ckpt {
 

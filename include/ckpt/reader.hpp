@@ -202,7 +202,7 @@ class reader {
     }
     const raw codec;
     host_copy host;
-    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load(wanted, tag_->md, tag_->md.tag + "/", *tag_->verified, host);
+    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load(wanted, tag_->md, *tag_->verified, host);
   }
 
   /// The tag's validation logits (saved with `save_options::validation_logits`), or nullptr.
@@ -232,13 +232,13 @@ class reader {
     const std::string name = "validation logits";
     const raw codec;
     host_copy host;
-    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load({{&t, &name, &out}}, tag_->md, tag_->md.tag + "/", *tag_->verified, host);
+    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load({{&t, &name, &out}}, tag_->md, *tag_->verified, host);
   }
 
   /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.
   std::vector<std::byte> value_bytes(std::string_view name, std::uint32_t rank = 0) {
     for (const auto& v : tag_->md.values)
-      if (v.name == name && v.rank == rank) return detail::read_value(tag_->storage, info_.tag + "/" + tag_->md.files[v.file].path, v);
+      if (v.name == name && v.rank == rank) return detail::read_value(tag_->storage, detail::file_key(tag_->md, v.file), v);
     throw error(error_kind::not_found, "no value " + detail::printable(name) + " of rank " + std::to_string(rank) + " in " + md_name_);
   }
 
@@ -249,16 +249,15 @@ class reader {
   verify_report verify(const progress& on_progress = {}) {
     verify_report rep;
     auto& st = tag_->storage;
-    const std::string dir = info_.tag + "/";
     std::vector<bool> file_ok(tag_->md.files.size(), true);
     for (std::size_t f = 0; f < tag_->md.files.size(); ++f) {
       const auto& fm = tag_->md.files[f];
       try {
-        detail::verify_shard_file(st, dir + fm.path, fm.size, fm.index_xxh3);
+        detail::verify_shard_file(st, detail::file_key(tag_->md, static_cast<std::uint32_t>(f)), fm.size, fm.index_xxh3);
       } catch (const error& e) {
         rep.problems.push_back(e.what());
         // A missing or resized file would fail every chunk in it with the same story.
-        file_ok[f] = st.size(dir + fm.path) == fm.size;
+        file_ok[f] = st.size(detail::file_key(tag_->md, static_cast<std::uint32_t>(f))) == fm.size;
       }
     }
     for (const auto& t : tag_->md.tensors) {
@@ -289,7 +288,7 @@ class reader {
       if (!file_ok[it.file]) continue;
       const auto& c = it.tensor->chunks;
       const auto i = it.chunk;
-      const auto key = dir + tag_->md.files[it.file].path;
+      const auto key = detail::file_key(tag_->md, it.file);
       const auto where = st.describe(key) + ", tensor " + detail::printable(it.tensor->name) + ", chunk at offset " +
                          std::to_string(c.file_offset[i]);
       try {
@@ -310,7 +309,7 @@ class reader {
     }
     for (const auto& v : tag_->md.values) {
       if (!file_ok[v.file]) continue;
-      const auto key = dir + tag_->md.files[v.file].path;
+      const auto key = detail::file_key(tag_->md, v.file);
       try {
         rep.bytes_checked += detail::read_value(st, key, v).size();
       } catch (const error& e) {

@@ -22,6 +22,8 @@
 #include "dtype.hpp"
 #include "error.hpp"
 
+#include "impl/decl.hpp"
+
 namespace ckpt {
 
 /// Shape of a tensor: one extent per dimension, outermost first (row-major). `{}` is a scalar.
@@ -80,11 +82,7 @@ namespace detail {
 /// Sizes and offsets at or above this were negative in the user's signed type.
 inline constexpr std::uint64_t first_negative = std::uint64_t{1} << 63;
 /// "dimension 1 is -3", for the first entry of `dims` that was negative, or "".
-inline std::string negative_entry(std::span<const std::uint64_t> dims) {
-  for (std::size_t i = 0; i < dims.size(); ++i)
-    if (dims[i] >= first_negative) return "dimension " + std::to_string(i) + " is " + std::to_string(static_cast<std::int64_t>(dims[i]));
-  return {};
-}
+CKPT_DECL std::string negative_entry(std::span<const std::uint64_t> dims);
 }  // namespace detail
 
 /// The order in which a tensor's bytes hold its elements.
@@ -136,26 +134,11 @@ struct shard_spec {
 
 namespace detail {
 /// a*b, or an invalid_argument error naming `what` when the product does not fit in 64 bits.
-inline std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const std::string& what) {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a)
-    throw error(error_kind::invalid_argument, what + ": element count overflows 64 bits");
-  return a * b;
-}
+CKPT_DECL std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const std::string& what);
 /// Number of elements of `shape`, checked for overflow.
-inline std::uint64_t element_count(std::span<const std::uint64_t> shape, const std::string& what) {
-  std::uint64_t n = 1;
-  for (auto e : shape) n = checked_mul(n, e, what);
-  return n;
-}
+CKPT_DECL std::uint64_t element_count(std::span<const std::uint64_t> shape, const std::string& what);
 /// "[3, 4]" for messages and metadata.
-inline std::string to_string(std::span<const std::uint64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
+CKPT_DECL std::string to_string(std::span<const std::uint64_t> shape);
 }  // namespace detail
 
 /// A reference to one tensor of the user's state: ckpt reads from it on save and writes into
@@ -312,3 +295,7 @@ tensor_ref view(std::vector<T, A>& v, extents shape) {
 }
 
 }  // namespace ckpt
+
+#if !defined(CKPT_SEPARATE_COMPILATION)
+#include "impl/tensor.ipp"
+#endif

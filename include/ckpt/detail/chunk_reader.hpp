@@ -39,12 +39,12 @@ template <class Store>
 class file_verifier {
  public:
   file_verifier(const Store& storage, const metadata& md)
-      : storage_(&storage), md_(&md), tag_dir_(md.tag + "/"), checked_(md.files.size(), false) {}
+      : storage_(&storage), md_(&md), checked_(md.files.size(), false) {}
 
   void operator()(std::uint32_t f) {
     if (checked_[f]) return;
     const auto& fm = md_->files[f];
-    verify_shard_file(*storage_, tag_dir_ + fm.path, fm.size, fm.index_xxh3);
+    verify_shard_file(*storage_, file_key(*md_, f), fm.size, fm.index_xxh3);
     checked_[f] = true;
     bytes_read_ += header_used + trailer_bytes;
   }
@@ -55,7 +55,6 @@ class file_verifier {
  private:
   const Store* storage_;
   const metadata* md_;
-  std::string tag_dir_;
   std::vector<bool> checked_;
   std::uint64_t bytes_read_ = 0;
 };
@@ -78,7 +77,7 @@ class chunk_reader {
   /// in order, so a DevicePolicy's copies never run on two threads at once. With several
   /// damaged chunks, the error reported is the first in-place one, if any.
   template <class Dev, class Verify>
-  std::uint64_t load(const std::vector<tensor_load>& wanted, const metadata& md, const std::string& tag_dir, Verify& verify_file,
+  std::uint64_t load(const std::vector<tensor_load>& wanted, const metadata& md, Verify& verify_file,
                      Dev& dev) const {
     struct chunk_read {
       std::size_t tensor;
@@ -124,14 +123,14 @@ class chunk_reader {
     const auto offset_of = [&](const chunk_read& r) { return std::to_string(wanted[r.tensor].stored->chunks.file_offset[r.chunk]); };
     const auto where = [&](const chunk_read& r) {
       const auto& s = *wanted[r.tensor].stored;
-      const auto file = storage_->describe(tag_dir + md.files[s.chunks.file[r.chunk]].path);
+      const auto file = storage_->describe(file_key(md, s.chunks.file[r.chunk]));
       if (own(r)) return file + ", " + *wanted[r.tensor].name + ", chunk at offset " + offset_of(r);
       return file + ", tensor " + printable(*wanted[r.tensor].name);
     };
     const auto mismatch = [&](const chunk_read& r) {
       return error(error_kind::corrupt, where(r) + (own(r) ? ": checksum mismatch" : ": chunk checksum mismatch at offset " + offset_of(r)));
     };
-    const auto key_of = [&](const chunk_read& r) { return tag_dir + md.files[wanted[r.tensor].stored->chunks.file[r.chunk]].path; };
+    const auto key_of = [&](const chunk_read& r) { return file_key(md, wanted[r.tensor].stored->chunks.file[r.chunk]); };
 
     if constexpr (has_host_view<Dev>) {
       std::vector<open_file> files(workers);  // one per worker

@@ -29,6 +29,8 @@
 #include "shard_io.hpp"
 #include "streamed_gather.hpp"
 
+#include "../impl/decl.hpp"
+
 namespace ckpt::detail {
 
 /// The most one gather carries (MPI counts are ints).
@@ -76,48 +78,7 @@ std::string pack_for_root(const std::vector<stored_tensor>& tensors, const std::
 
 /// Unpacks what rank `from` sent. Without bytes (`with_bytes` false), the tensors' data pointers
 /// stay null: their bytes follow point to point, and the sizes are checked against the shapes.
-inline void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into, bool with_bytes = true) {
-  const std::string where = "the tensors sent by rank " + std::to_string(from);
-  bounded_reader r(bytes, where, error_kind::communication);
-  const auto n = r.count(16, "tensor");
-  for (std::uint64_t i = 0; i < n; ++i) {
-    auto name = r.string();
-    const auto dt_id = r.u8();
-    const auto dt = dtype_from_id(dt_id & 0x7fu);
-    if (!dt) r.fail("unknown dtype id " + std::to_string(static_cast<unsigned>(dt_id)) + " of tensor " + printable(name));
-    auto shape = r.shape();
-    auto global = r.shape();
-    auto offset = r.shape();
-    std::uint64_t size;
-    std::byte* data = nullptr;
-    if (with_bytes) {
-      size = r.count(1, "tensor byte");
-      auto& b = into.buffers.emplace_back(size);
-      r.copy(b.data(), size);
-      data = b.data();
-    } else {
-      size = r.u64();
-      const auto what = where + ", tensor " + printable(name);
-      if (checked_mul(element_count(shape, what), size_of(*dt), what) != size) r.fail("tensor size does not match its shape");
-    }
-    tensor_ref ref(*dt, std::move(shape), data);
-    if (ref.nbytes() != size) r.fail("tensor size does not match its shape");
-    ref.sharded(shard_spec{.global_shape = std::move(global), .offset = std::move(offset)});
-    ref.laid_out(layout_of_byte(dt_id));
-    into.tensors.push_back({std::move(name), std::move(ref)});
-    into.from.push_back(from);
-  }
-  const auto m = r.count(12, "value");
-  for (std::uint64_t i = 0; i < m; ++i) {
-    stored_value v;
-    v.name = r.string();
-    v.rank = r.u32();
-    v.bytes.resize(r.count(1, "value byte"));
-    r.copy(v.bytes.data(), v.bytes.size());
-    into.values.push_back(std::move(v));
-  }
-  if (r.remaining() != 0) r.fail("stray bytes at its end");
-}
+CKPT_DECL void unpack_at_root(std::span<const std::byte> bytes, int from, gathered& into, bool with_bytes = true);
 
 /// Save, after the ranks agreed: under a gathering policy, moves the other ranks' tensors and
 /// values into rank 0's plan (their bytes too unless streamed, in which case each rank keeps
@@ -218,7 +179,6 @@ template <class Comm, class Store, class Chunks, class ReadOwn>
 void serve_scatter(Comm& comm, const Store& storage, const metadata& md, const restore_plan& own, const Chunks& chunks,
                    ReadOwn&& read_own, const std::vector<std::vector<std::byte>>& requests, load_result& result) {
   file_verifier<Store> verify_file(storage, md);
-  const std::string tag_dir = md.tag + "/";
   std::exception_ptr failure;
   try {
     read_own(own, verify_file);
@@ -249,14 +209,14 @@ void serve_scatter(Comm& comm, const Store& storage, const metadata& md, const r
         buffer.resize(static_cast<std::size_t>(checked_mul(element_count(t.shape, what), size_of(stored.type), what)));
         tensor_ref slice(stored.type, t.shape, buffer.data());
         slice.sharded(shard_spec{.global_shape = stored.shape, .offset = t.offset});
-        (void)chunks.load({{&stored, &stored.name, &slice}}, md, tag_dir, verify_file, host);  // not rank 0's own bytes_read
+        (void)chunks.load({{&stored, &stored.name, &slice}}, md, verify_file, host);  // not rank 0's own bytes_read
         send_status(comm, scatter_ok, r);
         comm.send_host(buffer, r);
       }
       for (auto index : req.values) {
         const auto& pick = md.values[index];
         verify_file(pick.file);
-        const auto bytes = read_value(storage, tag_dir + md.files[pick.file].path, pick);
+        const auto bytes = read_value(storage, file_key(md, pick.file), pick);
         send_status(comm, scatter_ok, r);
         comm.send_host(bytes, r);
       }
@@ -322,7 +282,7 @@ void receive_scatter(Comm& comm, const Store& storage, Dev& device, const metada
     if (failure) continue;
     try {
       val->load(bytes, "value " + printable(val->name) + " received from rank 0 (" +
-                           storage.describe(md.tag + "/" + md.files[pick->file].path) + ")");
+                           storage.describe(file_key(md, pick->file)) + ")");
     } catch (...) {
       failure = std::current_exception();
     }
@@ -358,3 +318,7 @@ void scatter_load(Comm& comm, const Store& storage, const metadata& md, const re
 }
 
 }  // namespace ckpt::detail
+
+#if !defined(CKPT_SEPARATE_COMPILATION)
+#include "../impl/gather.ipp"
+#endif

@@ -25,6 +25,8 @@
 #include "metadata.hpp"
 #include "tag_store.hpp"
 
+#include "../impl/decl.hpp"
+
 namespace ckpt::detail {
 
 /// What a tag holds, by name: built once per load from its metadata (the names are views into
@@ -61,42 +63,11 @@ class stored_index final : public saved_contents {
 
 /// A `mismatch` error listing every config key whose saved and live values differ (keys in
 /// `ignore` aside).
-inline void check_config(const metadata& md, const config& live, const std::vector<std::string>& ignore, const std::string& md_name) {
-  std::set<std::string> keys;
-  for (const auto& [k, _] : md.config.entries()) keys.insert(k);
-  for (const auto& [k, _] : live.entries()) keys.insert(k);
-  std::string diffs;
-  for (const auto& k : keys) {
-    if (std::find(ignore.begin(), ignore.end(), k) != ignore.end()) continue;
-    const auto* a = md.config.find(k);
-    const auto* b = live.find(k);
-    if (a && b && *a == *b) continue;
-    diffs += (diffs.empty() ? "" : "; ") + k + " saved " + (a ? *a : std::string("(absent)")) + ", current " +
-             (b ? *b : std::string("(absent)"));
-  }
-  if (!diffs.empty()) throw error(error_kind::mismatch, "config mismatch in " + md_name + ": " + diffs);
-}
+CKPT_DECL void check_config(const metadata& md, const config& live, const std::vector<std::string>& ignore, const std::string& md_name);
 
 /// Lists live names the checkpoint lacks (missing), stored names the live state lacks
 /// (unexpected) and stored names inside skipped groups (skipped).
-inline void match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result) {
-  std::unordered_set<std::string_view> live;
-  for (const auto& t : v.tensors()) {
-    live.insert(t.name);
-    if (!index.find_tensor(t.name)) result.missing.push_back(t.name);
-  }
-  for (const auto& val : v.values()) {
-    live.insert(val.name);
-    if (!index.find_value(val.name)) result.missing.push_back(val.name);
-  }
-  std::unordered_set<std::string_view> done;  // values appear once per rank
-  auto classify = [&](const std::string& name) {
-    if (name.starts_with("__ckpt") || live.count(name) || !done.insert(name).second) return;
-    (v.in_skipped_group(name) ? result.skipped : result.unexpected).push_back(name);
-  };
-  for (const auto& t : md.tensors) classify(t.name);
-  for (const auto& val : md.values) classify(val.name);
-}
+CKPT_DECL void match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result);
 
 /// With pipeline stages each rank holds only some tensors: a stored name is unexpected only
 /// when no rank holds it (collective over `comm`).
@@ -198,3 +169,7 @@ restore_plan plan_restore(const metadata& md, const stored_index& index, const v
 }
 
 }  // namespace ckpt::detail
+
+#if !defined(CKPT_SEPARATE_COMPILATION)
+#include "../impl/restore_plan.ipp"
+#endif

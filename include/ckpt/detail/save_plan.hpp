@@ -19,6 +19,8 @@
 #include "shard_io.hpp"
 #include "validation_logits.hpp"
 
+#include "../impl/decl.hpp"
+
 namespace ckpt::detail {
 
 /// What a save writes, once every rank agreed on it.
@@ -51,26 +53,7 @@ inline save_plan new_save_plan(std::uint64_t iteration, const save_options& opts
 }
 
 /// That a tensor can be saved: a data pointer, at most 64 dimensions, a shard spec that fits.
-inline void check_tensor(const std::string& name, const tensor_ref& t) {
-  if (t.data() == nullptr && t.nbytes() != 0)
-    throw error(error_kind::invalid_argument, "tensor " + printable(name) + " has no data pointer");
-  if (t.shape().size() > max_dims)
-    throw error(error_kind::invalid_argument, "tensor " + printable(name) + " has more than 64 dimensions");
-  if (const auto& s = t.shard(); s && !s->replicated) {
-    const auto n = t.shape().size();
-    if (s->global_shape.size() != n || s->offset.size() != n)
-      throw error(error_kind::invalid_argument, "tensor " + printable(name) + ": shard spec has " +
-                                                    std::to_string(s->global_shape.size()) + "-d global shape and " +
-                                                    std::to_string(s->offset.size()) + "-d offset for a " + std::to_string(n) +
-                                                    "-d tensor");
-    element_count(s->global_shape, "tensor " + name);
-    for (std::size_t d = 0; d < n; ++d)
-      if (s->offset[d] > s->global_shape[d] || t.shape()[d] > s->global_shape[d] - s->offset[d])
-        throw error(error_kind::invalid_argument, "tensor " + printable(name) + ": local shape " + to_string(t.shape()) +
-                                                      " at offset " + to_string(s->offset) + " exceeds the global shape " +
-                                                      to_string(s->global_shape));
-  }
-}
+CKPT_DECL void check_tensor(const std::string& name, const tensor_ref& t);
 
 /// Fills the plan from a visited state: each tensor checked and given to this rank (`writes`)
 /// or left to another, the validation logits on rank 0, every value encoded.
@@ -113,3 +96,7 @@ void agree_on(Comm& comm, const std::string& tag, std::uint64_t iteration) {
 }
 
 }  // namespace ckpt::detail
+
+#if !defined(CKPT_SEPARATE_COMPILATION)
+#include "../impl/save_plan.ipp"
+#endif

@@ -15,6 +15,7 @@
 #include "../visitor.hpp"
 #include "format.hpp"
 #include "hash.hpp"
+#include "keys.hpp"
 #include "pipeline.hpp"
 #include "region.hpp"
 #include "staging_buffer.hpp"
@@ -114,7 +115,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   if constexpr (!in_place)
     for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(largest), device);  // borrowed once, here
 
-  auto w = storage.create(tag + "/" + path);
+  auto w = storage.create(join_key(tag, path));
   {
     auto header = make_header();
     std::array<std::byte, header_bytes> block{};

@@ -164,7 +164,7 @@ class s3_mirror {
     }
     started_ = std::chrono::steady_clock::now();
     sent_ = 0;
-    for (const auto& f : files) upload_file(dir / f, tag + "/" + f, index);
+    for (const auto& f : files) upload_file(dir / f, detail::join_key(tag, f), index);
     // `latest` last, and only if it still names this tag locally: an older tag's upload that
     // finishes after a newer one must not move the bucket's `latest` backwards.
     std::ifstream latest(root_ / "latest", std::ios::binary);

@@ -1,0 +1,1 @@
+#include <bits/stdc++.h>  // the baseline: the whole standard library

@@ -1,0 +1,1 @@
+#include <ckpt/ckpt.hpp>  // what every checkpointing TU pays before it uses anything

@@ -1,0 +1,83 @@
+#pragma once
+// The definitions of detail/format.hpp: a shard file's footer index, header and trailer.
+// Header-only builds include this at the end of detail/format.hpp; CKPT_SEPARATE_COMPILATION builds
+// compile it once, in the translation unit that includes ckpt/impl/src.hpp.
+
+#include <sstream>
+
+namespace ckpt::detail {
+
+CKPT_DECL std::string encode_index(const shard_index& idx) {
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(format_version, idx.rank);
+    ar(static_cast<std::uint64_t>(idx.tensors.size()));
+    for (const auto& g : idx.tensors) {
+      write_string(ar, g.name);
+      ar(dtype_byte(g.type, g.order));
+      write_shape(ar, g.global_shape);
+      write_table(ar, g.chunks);
+    }
+    ar(static_cast<std::uint64_t>(idx.values.size()));
+    for (const auto& v : idx.values) {
+      write_string(ar, v.name);
+      ar(v.rank, v.file_offset, v.size, v.xxh3);
+    }
+  }
+  return std::move(os).str();
+}
+
+CKPT_DECL shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {
+  shard_index idx;
+  idx.rank = parse_index(
+      bytes, "index of " + file,
+      [&](std::string_view name, dtype t, layout l, const shape_t& shape, bounded_reader& r) {
+        auto& g = idx.tensors.emplace_back();
+        g.name = std::string(name);
+        g.type = t;
+        g.order = l;
+        g.global_shape = shape;
+        r.table(g.chunks, shape.size());
+      },
+      [&](value_record&& v) { idx.values.push_back(std::move(v)); });
+  return idx;
+}
+
+CKPT_DECL void check_header(std::span<const std::byte, header_used> h, const std::string& file) {
+  if (std::memcmp(h.data(), header_magic.data(), 8) != 0)
+    throw error(error_kind::corrupt, file + " is not a ckpt shard file (bad magic)");
+  if (get_u64(h.data() + 16) != xxh3(std::span<const std::byte>(h.data(), 16)))
+    throw error(error_kind::corrupt, file + ": header checksum mismatch");
+  if (const auto v = get_u32(h.data() + 8); v != format_version)
+    throw error(error_kind::corrupt, file + " has format version " + std::to_string(v) + ", this ckpt reads version " +
+                                         std::to_string(format_version));
+  if (get_u32(h.data() + 12) != 0) throw error(error_kind::corrupt, file + ": unknown header flags");
+}
+
+CKPT_DECL std::array<std::byte, trailer_bytes> make_trailer(const trailer& t) {
+  std::array<std::byte, trailer_bytes> b{};
+  put_u64(b.data(), t.index_offset);
+  put_u64(b.data() + 8, t.index_size);
+  put_u64(b.data() + 16, t.index_xxh3);
+  put_u32(b.data() + 24, format_version);
+  put_u32(b.data() + 28, 0);
+  std::memcpy(b.data() + 32, trailer_magic.data(), 8);
+  return b;
+}
+
+CKPT_DECL trailer check_trailer(std::span<const std::byte, trailer_bytes> b, std::uint64_t file_size, const std::string& file) {
+  if (std::memcmp(b.data() + 32, trailer_magic.data(), 8) != 0)
+    throw error(error_kind::corrupt, file + ": no index trailer at the end of the file (truncated or extended?)");
+  if (get_u32(b.data() + 24) != format_version || get_u32(b.data() + 28) != 0)
+    throw error(error_kind::corrupt, file + ": bad trailer version or flags");
+  trailer t{get_u64(b.data()), get_u64(b.data() + 8), get_u64(b.data() + 16)};
+  if (t.index_offset < header_bytes || t.index_offset > file_size || t.index_size > file_size - t.index_offset ||
+      t.index_offset + t.index_size + trailer_bytes != file_size)
+    throw error(error_kind::corrupt, file + ": trailer places the index at [" + std::to_string(t.index_offset) + ", +" +
+                                         std::to_string(t.index_size) + ") in a file of " + std::to_string(file_size) +
+                                         " bytes");
+  return t;
+}
+
+}  // namespace ckpt::detail
