@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How `ckpt export` (safetensors and torch), `ckpt diff` and `ckpt verify` scale with the number of tensors.
+"""How `ckpt export` (safetensors and torch), `ckpt diff`, `ckpt verify` and `ckpt reshard` scale with the number of tensors.
 
 A checkpoint of N tiny tensors (4 f32 each, 16 bytes) is made with `ckpt import` from a
 safetensors file this script writes, then each command is timed (the median of --runs runs).
@@ -41,6 +41,18 @@ def timed(cmd, runs):
     return times[len(times) // 2]
 
 
+def timed_into_fresh(cmd, dst, runs):
+    """Like timed, for a command that writes `dst`: it is removed before each run."""
+    times = []
+    for _ in range(runs):
+        shutil.rmtree(dst, ignore_errors=True)
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("tool")
@@ -51,7 +63,7 @@ def main():
     work = tempfile.mkdtemp(prefix="ckpt-many-", dir=a.dir)
     try:
         print(f"{'tensors':>8} {'export s':>9} {'us/tensor':>9} {'.pt s':>8} {'us/tensor':>9} {'diff s':>8} {'us/tensor':>9} "
-              f"{'verify s':>9} {'us/tensor':>9}")
+              f"{'verify s':>9} {'us/tensor':>9} {'reshard s':>9} {'us/tensor':>9}")
         for n in (int(c) for c in a.counts.split(",")):
             st = os.path.join(work, f"in{n}.safetensors")
             root = os.path.join(work, f"root{n}")
@@ -62,7 +74,10 @@ def main():
             pt = timed([a.tool, "export", root, os.path.join(work, f"out{n}.pt"), "--format", "torch"], a.runs)
             df = timed([a.tool, "diff", root, root], a.runs)
             vf = timed([a.tool, "verify", root], a.runs)
-            print(f"{n:>8} {ex:>9.3f} {ex / n * 1e6:>9.1f} {pt:>8.3f} {pt / n * 1e6:>9.1f} {df:>8.3f} {df / n * 1e6:>9.1f} {vf:>9.3f} {vf / n * 1e6:>9.1f}", flush=True)
+            dst = os.path.join(work, f"tp2_{n}")
+            rs = timed_into_fresh([a.tool, "reshard", root, dst, "--tp", "2"], dst, a.runs)
+            print(f"{n:>8} {ex:>9.3f} {ex / n * 1e6:>9.1f} {pt:>8.3f} {pt / n * 1e6:>9.1f} {df:>8.3f} {df / n * 1e6:>9.1f} "
+                  f"{vf:>9.3f} {vf / n * 1e6:>9.1f} {rs:>9.3f} {rs / n * 1e6:>9.1f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

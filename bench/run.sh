@@ -10,5 +10,8 @@ shift || true
 if ! /usr/bin/python3 -c 'import torch, matplotlib' 2>/dev/null; then
   apt-get install -y -q python3-torch python3-matplotlib >/dev/null
 fi
+# Benchmarks measure what a user's default build gets: -O2, header-only. (tools/dev.sh test
+# builds the same directory at -O1 with separate compilation, to compile faster.)
+meson configure "$build" -Doptimization=2 -Dseparate_compilation=false >/dev/null
 meson compile -C "$build" >/dev/null
 /usr/bin/python3 bench/report.py --build "$build" "$@"

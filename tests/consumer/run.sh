@@ -66,9 +66,11 @@ case "$mode" in
     mkdir -p "$run_dir"
     step "run consumer"
     "$tmp/cmake-build/consumer" "$run_dir" || fail "the consumer built through $how ran and failed (exit $?)"
-    separate_dir=$tmp/checkpoint-separate
-    mkdir -p "$separate_dir"
-    "$tmp/cmake-build/consumer_separate" "$separate_dir" || fail "consumer_separate (ckpt::impl, CKPT_SEPARATE_COMPILATION) built through $how failed"
+    if [ "$how" = subdirectory ]; then
+      separate_dir=$tmp/checkpoint-separate
+      mkdir -p "$separate_dir"
+      "$tmp/cmake-build/consumer_separate" "$separate_dir" || fail "consumer_separate (ckpt::impl, CKPT_SEPARATE_COMPILATION) built through $how failed"
+    fi
     if [ -x "$tmp/cmake-build/consumer_interop" ]; then
       "$tmp/cmake-build/consumer_interop" "$run_dir" || fail "consumer_interop (ckpt::interop) built through $how failed"
     else
