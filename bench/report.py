@@ -159,6 +159,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("the same, against a raw O_DIRECT write+fsync (the technique without the checkpoint)", "", 0.90, True,
          f32["settled_save_vs_direct_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["settled_save_vs_direct_ratio"], "bf16+Adam"),
+        ("save / the round's fastest raw O_DIRECT write+fsync, queue depth 1 or fio's 16", "≥ 0.95", 0.95, True,
+         f32["settled_save_vs_best_ratio"], "fp32"),
+        ("", "", 0.95, True, bfa["settled_save_vs_best_ratio"], "bf16+Adam"),
         ("the same, back to back (the second writer of a pair is slowed)", "", 0.90, True, f32["save_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["save_ratio"], "bf16+Adam"),
         ("load / raw read, page cache dropped, each from a settled disk", "≥ 0.90", 0.90, True,
@@ -166,6 +169,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("", "", 0.90, True, bfa["settled_load_cold_ratio"], "bf16+Adam"),
         ("the same, against a raw O_DIRECT read", "", 0.90, True, f32["settled_load_cold_vs_direct_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["settled_load_cold_vs_direct_ratio"], "bf16+Adam"),
+        ("cold load / the round's fastest raw O_DIRECT read, queue depth 1 or fio's 16", "≥ 0.95", 0.95, True,
+         f32["settled_load_cold_vs_best_ratio"], "fp32"),
+        ("", "", 0.95, True, bfa["settled_load_cold_vs_best_ratio"], "bf16+Adam"),
         ("the same, back to back", "", 0.90, True, f32["load_cold_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["load_cold_ratio"], "bf16+Adam"),
         ("load / raw read, warm", "≥ 0.90", 0.90, True, f32["load_warm_ratio"], "fp32"),
@@ -214,9 +220,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         colours.append("tab:green" if s >= 1 else "tab:red")
     ax.barh(range(len(rows)), scores, color=colours)
     ax.axvline(1.0, color="black", linewidth=1)
+    # Log scale: the figures span two orders of magnitude (the extra RSS is 35x under its
+    # target), and on a linear axis the few large bars flatten the ones near 1.
+    ax.set_xscale("log")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("figure / target (right of 1: target met)")
+    ax.set_xlabel("figure / target, log scale (right of 1: target met)")
     ax.set_title("ckpt against issue 4's targets (medians)")
     fig.tight_layout()
     fig.savefig(os.path.join(img, "targets.png"), dpi=110)
@@ -393,16 +402,21 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w(f"`build/bench/save_vs_raw --workload fp32|bf16_adam --gib 1 --rounds {a.runs + 1}` (report.py passes "
       "`--dir`): three writers of the same bytes in an order that rotates from round to round, each after "
       "everything the others wrote is deleted, `sync` and a 3 s pause: the raw `write(2)` + `fsync` (the issue's "
-      "limit), the raw O_DIRECT write from an 8 MiB aligned buffer + `fsync`, and ckpt's save; then their cold "
-      "reads, each from a dropped cache after the same pause: `read(2)`, O_DIRECT, and ckpt's load. Round 0 "
-      "warms up; medians of the others, in seconds.\n")
-    w("| workload | raw write+fsync | raw O_DIRECT write+fsync | ckpt save | raw read cold | raw O_DIRECT read | "
-      "ckpt load cold |")
-    w("|---|---:|---:|---:|---:|---:|---:|")
+      "limit), the raw O_DIRECT write from an 8 MiB aligned buffer + `fsync` (one request in flight), and ckpt's "
+      "save; then their cold reads, each from a dropped cache after the same pause: `read(2)`, O_DIRECT, and "
+      "ckpt's load. Each round also times fio (Debian's) writing and reading a file of the same size with "
+      "`--direct=1 --ioengine=libaio --iodepth=16`, in 1 MiB and 4 MiB blocks, by fio's own job runtime (its "
+      "start-up left out); the fastest of those and the depth-1 loop is the round's limit, and ckpt's ratio to it "
+      "is the strictest row of the targets table. Round 0 warms up; medians of the others, in seconds.\n")
+    w("| workload | raw write+fsync | raw O_DIRECT write+fsync | fio write, depth 16 | ckpt save | save / fastest | "
+      "raw read cold | raw O_DIRECT read | fio read, depth 16 | ckpt load cold | load / fastest |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
         w(f"| {label} | {med(d, 'settled_raw_write_s'):.3f} | {med(d, 'settled_direct_write_s'):.3f} | "
-          f"{med(d, 'settled_save_s'):.3f} | {med(d, 'settled_raw_read_s'):.3f} | {med(d, 'settled_direct_read_s'):.3f} | "
-          f"{med(d, 'settled_load_s'):.3f} |")
+          f"{med(d, 'settled_fio_write_s'):.3f} | {med(d, 'settled_save_s'):.3f} | "
+          f"{med(d, 'settled_save_vs_best_ratio'):.2f} | {med(d, 'settled_raw_read_s'):.3f} | "
+          f"{med(d, 'settled_direct_read_s'):.3f} | {med(d, 'settled_fio_read_s'):.3f} | "
+          f"{med(d, 'settled_load_s'):.3f} | {med(d, 'settled_load_cold_vs_best_ratio'):.2f} |")
     w("")
     w("## Save and load against the disk, back to back\n")
     w("`build/bench/save_load --workload fp32|bf16_adam --gib 1 --runs 5` (report.py passes `--dir`).\n")

@@ -18,7 +18,7 @@
 // fastest of the queue-depth-1 loop and the fio runs of that round, and the ratios against them
 // decide the targets.
 //
-//   bench/save_vs_raw [--workload fp32|bf16_adam] [--dir /work/benchdir] [--gib 1] [--rounds 6] [--chunk-mib 4] [--threads 0] [--pause 3] [--fio fio]
+//   bench/save_vs_raw [--workload fp32|bf16_adam] [--dir /work/benchdir] [--gib 1] [--rounds 6] [--chunk-mib 4] [--threads 0] [--pause 3] [--fio fio] [--reads-in-flight 16] [--writes-in-flight 32]
 
 #include <ckpt/ckpt.hpp>
 
@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
   std::filesystem::path dir = "/tmp";
   double gib = 1;
   int rounds = 6;
-  unsigned threads = 0, pause = 3;
+  unsigned threads = 0, pause = 3, reads_in_flight = ckpt::posix_options{}.reads_in_flight,
+           writes_in_flight = ckpt::posix_options{}.writes_in_flight;
   std::uint64_t chunk_mib = 4;
   std::string workload = "fp32", fio = "fio";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = static_cast<unsigned>(std::stoul(v));
     else if (a == "--pause") pause = static_cast<unsigned>(std::stoul(v));
     else if (a == "--fio") fio = v;
+    else if (a == "--reads-in-flight") reads_in_flight = static_cast<unsigned>(std::stoul(v));
+    else if (a == "--writes-in-flight") writes_in_flight = static_cast<unsigned>(std::stoul(v));
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -89,7 +92,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(root / "ckpt");
   auto s = make_state(workload, gib);
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{
-      {}, root / "ckpt", {.chunk_bytes = chunk_mib << 20, .threads = threads}};
+      {}, ckpt::posix(root / "ckpt", {.reads_in_flight = reads_in_flight, .writes_in_flight = writes_in_flight}), {.chunk_bytes = chunk_mib << 20, .threads = threads}};
   auto back = s;  // load targets
   const auto raw_file = root / "raw.bin", direct_file = root / "raw_direct.bin";
   if (!fio.empty() && std::system((fio + " --version >/dev/null 2>&1").c_str()) != 0) {

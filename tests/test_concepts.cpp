@@ -180,6 +180,7 @@ TEST_CASE("capabilities: ckpt's own back ends offer exactly the optional members
   using namespace ckpt::detail;
   static_assert(concurrent_reads<ckpt::posix> && lockable_root<ckpt::posix> && opens_readers<ckpt::posix>);
   static_assert(announces_reads<reader_of<ckpt::posix>::type>);
+  static_assert(has_read_depth<ckpt::posix> && !has_read_depth<ckpt::memory_storage>);
   static_assert(concurrent_reads<ckpt::memory_storage> && !lockable_root<ckpt::memory_storage>);
   static_assert(has_host_view<ckpt::host_copy> && !lends_buffers<ckpt::host_copy>);
   static_assert(chooses_per_tensor<ckpt::auto_codec> && encodes_with<ckpt::auto_codec>);
@@ -191,4 +192,6 @@ TEST_CASE("capabilities: ckpt's own back ends offer exactly the optional members
   static_assert(!gathers<ckpt::megatron<ckpt::local>> && !gathers<ckpt::single_process>);
   CHECK(read_piece_bytes<ckpt::posix>() == std::size_t{256} * 1024);
   CHECK(read_piece_bytes<ckpt::memory_storage>() == std::size_t{256} * 1024);
+  CHECK(ckpt::posix("/nonexistent").reads_in_flight() == 16);
+  CHECK(ckpt::posix("/nonexistent", {.reads_in_flight = 3}).reads_in_flight() == 3);
 }

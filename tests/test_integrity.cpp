@@ -495,20 +495,24 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
 }
 
 TEST_CASE("posix O_DIRECT writes: files of every size around the block and buffer boundaries") {
-  // posix_options::direct_writes writes whole 4 KiB blocks from an 8 MiB aligned buffer (or from
-  // the caller's buffer when that is aligned), and the last partial block through the page
-  // cache. Every file size around those boundaries, written in one piece, in uneven pieces and
-  // from aligned sources, must come out exactly.
+  // posix_options::direct_writes writes whole 4 KiB blocks from aligned buffers of 1 MiB, several
+  // in flight (or from the caller's buffer when that is aligned), and the last partial block
+  // through the page cache. Every file size around those boundaries, written in one piece, in
+  // uneven pieces and from aligned sources, one write at a time or many, must come out exactly.
   test::temp_dir dir;
   const bool supported = test::takes_o_direct(dir.path());
   if (!supported) MESSAGE("the file system under " << dir.str() << " refuses O_DIRECT: only the fallback is tested");
-  ckpt::posix disk(dir.path());  // O_DIRECT is the default
-  constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
+  unsigned depth = 32;  // the default
+  SUBCASE("many writes in flight") {}
+  SUBCASE("one at a time") { depth = 1; }
+  CAPTURE(depth);
+  ckpt::posix disk(dir.path(), {.writes_in_flight = depth});  // O_DIRECT is the default
+  constexpr std::size_t block = 4096, buffer = std::size_t{1} << 20;
   std::mt19937 rng(21);
-  test::page_block aligned(2 * buffer + 2 * block);
+  test::page_block aligned(41 * buffer + 2 * block);
   int file = 0;
   for (std::size_t size : {std::size_t{0}, std::size_t{1}, block - 1, block, block + 1, buffer - 1, buffer, buffer + 1,
-                           buffer + block, 2 * buffer + 17}) {
+                           buffer + block, 2 * buffer + 17, 40 * buffer + 5}) {  // the last: more buffers than in flight
     for (int how = 0; how < 3; ++how) {  // one write; uneven pieces; aligned sources, in place
       CAPTURE(size);
       CAPTURE(how);

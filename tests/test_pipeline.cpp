@@ -255,7 +255,7 @@ TEST_CASE("a load keeps each worker's file open from one chunk to the next") {
   for (std::size_t i = 0; i < saved.small.size(); ++i) std::fill(saved.small[i].begin(), saved.small[i].end(), static_cast<float>(i));
   for (std::size_t i = 0; i < saved.big.size(); ++i) saved.big[i] = static_cast<float>(i) * 0.5f;
   // 556 chunks, all in one shard file. Raw chunks are read in place, on parallel_for: at most
-  // one open per worker. zstd chunks go through the pipeline: at most one per slot (2 per
+  // one open per worker, of which there are posix_options::reads_in_flight. zstd chunks go through the pipeline: at most one per slot (2 per
   // worker). (Metadata, chunk map and index are read through posix::read, not counted here.)
   auto load_counting = [&](auto codec, int most) {
     test::temp_dir dir;
@@ -270,7 +270,7 @@ TEST_CASE("a load keeps each worker's file open from one chunk to the next") {
     CHECK(*store.opens > 0);
     CHECK(*store.opens <= most);
   };
-  load_counting(ckpt::raw{}, 2);
+  load_counting(ckpt::raw{}, static_cast<int>(ckpt::posix_options{}.reads_in_flight));
   load_counting(ckpt::zstd{}, 4);
 }
 

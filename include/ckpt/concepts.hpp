@@ -196,6 +196,17 @@ constexpr std::size_t read_piece_bytes() {
     return std::size_t{256} * 1024;
 }
 
+/// How many reads a load keeps in flight against a Storage. A disk with a deep queue (NVMe, a
+/// cloud volume) moves more bytes per second with several requests outstanding than with one
+/// per core, so a Storage that knows offers `reads_in_flight()`, and loads of chunks read straight
+/// into host tensors then run on that many workers (more than there are cores: they spend
+/// their time waiting for the disk). Without it, a load reads on as many workers as it has
+/// threads.
+template <class S>
+concept has_read_depth = requires(const S& s) {
+  { s.reads_in_flight() } -> std::convertible_to<unsigned>;
+};
+
 /// The guard type of a lockable_root Storage; an empty stand-in for the others.
 template <class S>
 struct writer_lock_of {

@@ -133,8 +133,12 @@ class chunk_reader {
     const auto key_of = [&](const chunk_read& r) { return file_key(md, wanted[r.tensor].stored->chunks.file[r.chunk]); };
 
     if constexpr (has_host_view<Dev>) {
-      std::vector<open_file> files(workers);  // one per worker
-      parallel_for(direct.size(), workers, [&](std::size_t k, unsigned w) {
+      // Reads straight into tensors mostly wait for the storage: as many in flight as it
+      // wants (has_read_depth), on more workers than cores if need be.
+      unsigned readers = workers;
+      if constexpr (concurrent_reads<Store> && has_read_depth<Store>) readers = std::max(readers, storage_->reads_in_flight());
+      std::vector<open_file> files(std::min<std::size_t>(readers, std::max<std::size_t>(direct.size(), 1)));  // one per worker
+      parallel_for(direct.size(), static_cast<unsigned>(files.size()), [&](std::size_t k, unsigned w) {
         auto& r = reads[direct[k]];
         const auto& c = wanted[r.tensor].stored->chunks;
         const auto i = r.chunk;
