@@ -125,16 +125,22 @@ def measure_torch_peers(a, b):
             ]
             if os.path.exists(f"{b}/libtorch_peer"):
                 programs.append(("libtorch", [f"{b}/libtorch_peer", "--dir", a.dir, "--workload", w, "--gib", gib]))
+            if os.path.exists(f"{b}/hdf5_peer"):
+                programs.append(("hdf5", [f"{b}/hdf5_peer", "--dir", a.dir, "--workload", w, "--gib", gib]))
             out = {}
             for k in range(len(programs)):
                 name, cmd = programs[(r + k) % len(programs)]
                 out[name] = figures(run(cmd))
-            t, c, lt = out["torch"], out["ckpt"], out.get("libtorch", {})
+            t, c, lt, h5 = out["torch"], out["ckpt"], out.get("libtorch", {}), out.get("hdf5", {})
+            if h5:
+                p.setdefault("save_vs_hdf5", []).append(h5["hdf5_save_s"][0] / c["save_s"][0])
+                p.setdefault("load_cold_vs_hdf5", []).append(h5["hdf5_load_cold_s"][0] / c["load_cold_s"][0])
+                p.setdefault("load_warm_vs_hdf5", []).append(h5["hdf5_load_warm_s"][0] / c["load_warm_s"][0])
             if lt:
                 p.setdefault("save_vs_libtorch", []).append(lt["libtorch_save_s"][0] / c["save_s"][0])
                 p.setdefault("load_cold_vs_libtorch", []).append(lt["libtorch_load_cold_s"][0] / c["load_cold_s"][0])
                 p.setdefault("load_warm_vs_libtorch", []).append(lt["libtorch_load_warm_s"][0] / c["load_warm_s"][0])
-            for k, v in list(t.items()) + list(c.items()) + list(lt.items()):
+            for k, v in list(t.items()) + list(c.items()) + list(lt.items()) + list(h5.items()):
                 p.setdefault(k, []).extend(v)
             p.setdefault("save_vs_torch", []).append(t["torch_save_s"][0] / c["save_s"][0])
             p.setdefault("load_cold_vs_torch", []).append(t["torch_load_cold_s"][0] / c["load_cold_s"][0])
@@ -340,6 +346,15 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       f"{med(peer['bf16_adam'], 'torch_load_cold_s'):.1f} s from a dropped cache, much longer than reading its "
       f"bytes, so there the ratio is met.\n")
     w("### What the investigations found\n")
+    w("- **One request at a time leaves the disk idle** (2026-12-02, issue 24). Reading 1 GiB with O_DIRECT, fio "
+      "took 0.46 s with one request in flight and 0.36-0.41 s with 4 or 16, and its writes gain as much; a loop "
+      "of `read(2)` or `write(2)` calls, and ckpt until that day, keep one request per thread at the disk. "
+      "`ckpt::posix` now keeps 32 O_DIRECT writes of 1 MiB in flight on the writer's own threads "
+      "(`detail/write_queue.hpp`; the file's space is allocated ahead with `fallocate`, as ext4 serialises "
+      "O_DIRECT writes that extend a file) and a load reads 16 chunks at once, on more workers than cores "
+      "(`posix_options::writes_in_flight`, `reads_in_flight`). What separates ckpt from fio's figure is the "
+      "copy of every byte between the tensors (64-byte aligned, as PyTorch's; O_DIRECT here needs 512) and "
+      "ckpt's aligned buffers, on the one thread that appends to the file, and the hash of every byte.")
     w("- **The kernel's copies to and from the page cache are 3× slower in one alignment window** (found "
       "2026-12-01, narrowed the same day). Linux copies with `rep movsb`, as glibc's `memcpy` does between 4 KiB "
       "and the L2 cache's size; on this AMD EPYC (Zen 3) VM that copy ran at 0.40-0.45 s per warm GiB on one "
@@ -471,6 +486,24 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     else:
         w("libtorch's `torch::save` was not measured in this run (`bench/libtorch_peer` is built only when "
           "Debian's libtorch-dev is installed).\n")
+    if "save_vs_hdf5" in peer["fp32"]:
+        w("HDF5 (`build/bench/hdf5_peer --workload …`, built when Debian's libhdf5-dev is installed; bench/run.sh "
+          "installs it): the C API, one dataset per tensor (bf16 as 16-bit integers: HDF5 has no bf16), then "
+          "`H5Fflush`, `H5Fclose` and fsync; loaded with one `H5Dread` per dataset. Extra peak RSS: what the save "
+          "and loads added to the process's peak, beyond the state and the buffers loaded into.\n")
+        w("| workload | HDF5 save s | ckpt save s | × faster | HDF5 load cold s | ckpt load cold s | × faster | "
+          "HDF5 load warm s | ckpt load warm s | × faster | HDF5 extra peak RSS MiB |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, key in (("fp32", "fp32"), ("bf16+Adam", "bf16_adam")):
+            p = peer[key]
+            w(f"| {label} | {med(p, 'hdf5_save_s'):.3f} | {med(p, 'save_s'):.3f} | {med(p, 'save_vs_hdf5'):.2f} | "
+              f"{med(p, 'hdf5_load_cold_s'):.3f} | {med(p, 'load_cold_s'):.3f} | {med(p, 'load_cold_vs_hdf5'):.2f} | "
+              f"{med(p, 'hdf5_load_warm_s'):.3f} | {med(p, 'load_warm_s'):.3f} | {med(p, 'load_warm_vs_hdf5'):.2f} | "
+              f"{med(p, 'hdf5_extra_peak_rss_mib'):.1f} |")
+        w("")
+    else:
+        w("HDF5 was not measured in this run (`bench/hdf5_peer` is built only when Debian's libhdf5-dev is "
+          "installed).\n")
     w("## Async save\n")
     w("Same command. `save_async` is timed from the second save on (the first allocates the snapshot buffers, "
       "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers. The compute "

@@ -49,6 +49,7 @@ std::mutex calls_mu;
 std::vector<call> calls;
 std::atomic<bool> slow_writes = false;         // O_DIRECT pwrites sleep 2 ms first
 std::atomic<int> in_flight = 0, most_in_flight = 0;  // O_DIRECT pwrites under way while slow_writes
+std::atomic<std::int64_t> fail_direct_write_at = -1;  // an O_DIRECT pwrite over this file position fails with EIO
 
 void note(const call& c) {
   if (!recording) return;
@@ -127,6 +128,10 @@ extern "C" ssize_t pwrite(int fd, const void* buffer, size_t bytes, off_t offset
   note({reinterpret_cast<std::uintptr_t>(buffer), bytes, static_cast<std::uint64_t>(offset), o_direct, refused});
   if (refused) {
     errno = EINVAL;
+    return -1;
+  }
+  if (const auto at = fail_direct_write_at.load(); o_direct && at >= offset && at < offset + static_cast<off_t>(bytes)) {
+    errno = EIO;
     return -1;
   }
   if (o_direct && slow_writes) {
@@ -411,6 +416,35 @@ TEST_CASE("posix O_DIRECT writes keep several writes in flight, at most writes_i
   const auto file = file_bytes(dir.path() / "blob");
   REQUIRE(file.size() == size);
   CHECK(std::memcmp(file.data(), src.data(), size) == 0);
+}
+
+TEST_CASE("a failed O_DIRECT write in flight surfaces as an io error naming the file, and nothing is published") {
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  for (unsigned depth : {1u, 32u}) {
+    CAPTURE(depth);
+    ckpt::posix disk(dir.path(), {.writes_in_flight = depth});
+    std::vector<std::byte> src(std::size_t{8} << 20, std::byte{7});
+    fail_direct_write_at = std::int64_t{3} << 20;  // the fourth write of 1 MiB
+    std::optional<ckpt::posix::writer> w(disk.create("blob"));
+    bool thrown = false;
+    try {
+      w->write(src);  // the failure surfaces here, or at the latest in sync
+      w->sync();
+      w->publish();
+    } catch (const ckpt::error& e) {
+      thrown = true;
+      CHECK(e.kind() == ckpt::error_kind::io);
+      const std::string what = e.what();
+      CHECK(what.find(dir.str()) != std::string::npos);
+      CHECK(what.find("blob") != std::string::npos);
+      CHECK(what.find(std::strerror(EIO)) != std::string::npos);
+    }
+    fail_direct_write_at = -1;
+    CHECK(thrown);
+    w.reset();  // waits for the writes still in flight, then removes the temporary file
+    CHECK(disk.list("").empty());
+  }
 }
 
 TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached bytes through the cache") {
