@@ -1,6 +1,7 @@
 // The C++ peer: libtorch's torch::save (+ fsync) and torch::load of the same tensors
 // bench/save_load builds (same shapes and dtypes, values from N(0, 0.02)). Built only when
-// Debian's libtorch-dev is installed. Prints "name seconds" lines for bench/report.py.
+// Debian's libtorch-dev is installed. Prints "name seconds" lines for bench/report.py, and the
+// peak resident memory the save and the loads added to the process's (libtorch_extra_peak_rss_mib).
 //
 //   bench/libtorch_peer --dir /var/tmp --workload fp32|bf16_adam --gib 1
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,14 @@ std::vector<std::int64_t> element_counts(std::uint64_t total_fp32_bytes) {
   for (auto w : weight)
     counts.push_back(static_cast<std::int64_t>(w / sum * static_cast<double>(total_fp32_bytes) / 4) / 1024 * 1024);
   return counts;
+}
+
+/// VmHWM (the peak resident set) of this process, in MiB.
+double peak_rss_mib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
+  return 0;
 }
 
 void sync_and_drop(const std::string& path, bool drop) {
@@ -62,6 +72,7 @@ int main(int argc, char** argv) {
     }
   }
   const auto path = dir + "/libtorch-peer-" + std::to_string(::getpid()) + ".pt";
+  const double rss_before = peak_rss_mib();  // the tensors are made and touched
   ::sync();
   ::sleep(3);  // start from a settled disk, as the peers do (report.py rotates their order)
   auto t0 = clock_type::now();
@@ -79,6 +90,8 @@ int main(int argc, char** argv) {
   t0 = clock_type::now();
   torch::load(back, path);
   std::printf("libtorch_load_warm_s %.6f\n", since(t0));
+  // torch::load allocates the tensors it returns: the loads' share includes one copy of the state.
+  std::printf("libtorch_extra_peak_rss_mib %.3f\n", peak_rss_mib() - rss_before);
   const bool same = back.size() == tensors.size() && torch::equal(back[0], tensors[0]);
   std::filesystem::remove(path);
   return same ? 0 : 1;

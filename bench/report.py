@@ -474,14 +474,17 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w("")
     if "save_vs_libtorch" in peer["fp32"]:
         w("libtorch (`build/bench/libtorch_peer --workload …`, built when Debian's libtorch-dev is installed): "
-          "`torch::save` of the same tensors as a `std::vector<torch::Tensor>`, then fsync; `torch::load`.\n")
-        w("| workload | torch::save s | ckpt save s | × faster | torch::load cold s | ckpt load cold s | × faster | torch::load warm s | ckpt load warm s | × faster |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "`torch::save` of the same tensors as a `std::vector<torch::Tensor>`, then fsync; `torch::load`. "
+          "Its extra peak RSS (what the save and loads added to the process's peak) includes the tensors "
+          "`torch::load` allocates, one copy of the state; ckpt loads into the caller's.\n")
+        w("| workload | torch::save s | ckpt save s | × faster | torch::load cold s | ckpt load cold s | × faster | torch::load warm s | ckpt load warm s | × faster | libtorch extra peak RSS MiB |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label, key in (("fp32", "fp32"), ("bf16+Adam", "bf16_adam")):
             p = peer[key]
             w(f"| {label} | {med(p, 'libtorch_save_s'):.3f} | {med(p, 'save_s'):.3f} | {med(p, 'save_vs_libtorch'):.2f} | "
               f"{med(p, 'libtorch_load_cold_s'):.3f} | {med(p, 'load_cold_s'):.3f} | {med(p, 'load_cold_vs_libtorch'):.2f} | "
-              f"{med(p, 'libtorch_load_warm_s'):.3f} | {med(p, 'load_warm_s'):.3f} | {med(p, 'load_warm_vs_libtorch'):.2f} |")
+              f"{med(p, 'libtorch_load_warm_s'):.3f} | {med(p, 'load_warm_s'):.3f} | {med(p, 'load_warm_vs_libtorch'):.2f} | "
+              f"{med(p, 'libtorch_extra_peak_rss_mib'):.0f} |")
         w("")
     else:
         w("libtorch's `torch::save` was not measured in this run (`bench/libtorch_peer` is built only when "

@@ -196,10 +196,10 @@ class posix {
     /// with 16 requests in flight fastest in blocks of 1 MiB (4 MiB ones: 10-15 % slower).
     static constexpr std::size_t direct_buffer_bytes = std::size_t{1} << 20;
     /// File space is allocated ahead of the writes (fallocate) in steps of a quarter of the file
-    /// so far, at least this and at most 1 GiB: ext4 runs O_DIRECT writes at once only where
-    /// they overwrite allocated blocks, and serialises the ones that extend the file. What is
-    /// allocated past the end is cut off by sync.
-    static constexpr std::uint64_t allocation_step = std::uint64_t{64} << 20;
+    /// so far, at least the writes in flight and at most this: ext4 runs O_DIRECT writes at once
+    /// only where they overwrite allocated blocks, and serialises the ones that extend the file.
+    /// What is allocated past the end is cut off by sync.
+    static constexpr std::uint64_t most_allocated_ahead = std::uint64_t{1} << 30;
 
     detail::write_queue& queue() {
       if (!queue_) queue_ = std::make_unique<detail::write_queue>(fd_, temp_.string(), depth_, direct_buffer_bytes);
@@ -245,11 +245,12 @@ class posix {
       return at;
     }
     /// Allocates file space up to `end` and beyond, so that the writes in flight overwrite
-    /// allocated blocks (see allocation_step). Where the file system cannot (no fallocate, or no
+    /// allocated blocks (see most_allocated_ahead). Where the file system cannot (no fallocate, or no
     /// room for the step ahead), the writes extend the file as they go, one at a time.
     void allocate(std::uint64_t end) {
       if (!preallocate_ || end <= allocated_ || depth_ < 2) return;
-      const auto step = std::clamp(end / 4, allocation_step, std::uint64_t{1} << 30);
+      const auto in_flight = std::min(std::uint64_t{depth_} * direct_buffer_bytes, most_allocated_ahead);
+      const auto step = std::clamp(end / 4, in_flight, most_allocated_ahead);
       const auto until = (end + step + direct_alignment - 1) / direct_alignment * direct_alignment;
       if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(until - allocated_)) != 0) {
         preallocate_ = false;
@@ -300,8 +301,7 @@ class posix {
         // Whole blocks with O_DIRECT; the last partial block through the page cache, which ends
         // direct writing (the file is complete: sync and publish are all that is left).
         const auto whole = filled_ / direct_alignment * direct_alignment, tail = filled_ - whole;
-        if (whole > 0) {
-          allocate(position_ + whole);
+        if (whole > 0) {  // the last write: extending the file, it need not be allocated ahead
           queue().submit({block_, whole}, position_);
           position_ += whole;
         }
