@@ -5,8 +5,9 @@
 //
 // The issue asks for 100,000 tensors of 64 KiB-4 MiB and 4 GiB in all, which cannot all hold
 // (100,000 tensors of 64 KiB are already 6.1 GiB). Kept: the count and the total. The experts
-// are matrices of 16-64 KiB (bf16, sizes drawn uniformly, seeded), and four embeddings of
-// 1/16 of the total each make up the rest, as an MoE model's few large tensors do.
+// are matrices of 8-56 KiB (bf16, sizes drawn uniformly, seeded: about 3 GiB), and four
+// embeddings share what is left (about 1/16 of the total each), as an MoE model's few large
+// tensors do.
 //
 //   bench/many_tensors_io [--dir /var/tmp] [--tensors 100000] [--gib 4] [--runs 3] [--pause 3]
 
@@ -56,18 +57,17 @@ void fill(state& s) {
 
 state experts(std::size_t count, std::uint64_t total) {
   state s;
-  const std::uint64_t embedding = total / 16 / 4096 * 4096;
   std::mt19937_64 g(24);
-  std::uniform_int_distribution<std::uint64_t> kib(16, 64);
-  std::uint64_t used = 4 * embedding;
+  std::uniform_int_distribution<std::uint64_t> kib(8, 56);
+  std::uint64_t used = 0;
   for (std::size_t i = 0; i + 4 < count; ++i) {
     const auto bytes = kib(g) * 1024;
     add(s, "layers." + std::to_string(i / 768) + ".experts." + std::to_string(i / 3 % 256) + ".w" + std::to_string(i % 3), bytes);
     used += bytes;
   }
-  // The embeddings take what the experts left, so the total is the same as the one tensor's.
-  const auto left = total > used ? total - used : 0;
-  for (int e = 0; e < 4; ++e) add(s, "embedding." + std::to_string(e), embedding + (e == 0 ? left / 2 * 2 : 0));
+  // The embeddings take what the experts left (at least 4 KiB each).
+  const auto embedding = std::max<std::uint64_t>((total > used ? total - used : 0) / 4 / 4096 * 4096, 4096);
+  for (int e = 0; e < 4; ++e) add(s, "embedding." + std::to_string(e), embedding);
   return s;
 }
 

@@ -137,15 +137,28 @@ class chunk_reader {
       // wants (has_read_depth), on more workers than cores if need be.
       unsigned readers = workers;
       if constexpr (concurrent_reads<Store> && has_read_depth<Store>) readers = std::max(readers, storage_->reads_in_flight());
-      std::vector<open_file> files(std::min<std::size_t>(readers, std::max<std::size_t>(direct.size(), 1)));  // one per worker
-      parallel_for(direct.size(), static_cast<unsigned>(files.size()), [&](std::size_t k, unsigned w) {
-        auto& r = reads[direct[k]];
-        const auto& c = wanted[r.tensor].stored->chunks;
-        const auto i = r.chunk;
-        const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
-        r.read = target.size();
-        if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target) != c.xxh3[i]) throw mismatch(r);
-        r.filled = target.size();
+      // Chunks that follow each other in a file (small tensors, saved one after the other) are
+      // read by one worker as one run of up to 4 MiB, announced to the reader as a whole: read
+      // one by one, each of them is too small for O_DIRECT and comes through the page cache.
+      const auto runs = adjacent_runs(direct, [&](std::size_t n) -> const chunk_read& { return reads[n]; }, wanted);
+      std::vector<open_file> files(std::min<std::size_t>(readers, std::max<std::size_t>(runs.size(), 1)));  // one per worker
+      parallel_for(runs.size(), static_cast<unsigned>(files.size()), [&](std::size_t g, unsigned w) {
+        const auto [first, last] = runs[g];
+        for (auto k = first; k < last; ++k) {
+          auto& r = reads[direct[k]];
+          const auto& c = wanted[r.tensor].stored->chunks;
+          const auto i = r.chunk;
+          if (k == first && last - first > 1) {
+            const auto& end = reads[direct[last - 1]];
+            const auto& ec = wanted[end.tensor].stored->chunks;
+            announce(key_of(r), c.file[i], files[w], c.file_offset[i],
+                     ec.file_offset[end.chunk] + ec.stored_size[end.chunk] - c.file_offset[i]);
+          }
+          const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
+          r.read = target.size();
+          if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target, last - first > 1) != c.xxh3[i]) throw mismatch(r);
+          r.filled = target.size();
+        }
       });
     }
 
@@ -220,20 +233,60 @@ class chunk_reader {
     std::optional<typename reader_of<Store>::type> reader;
   };
 
-  /// Reads `out.size()` bytes at `offset` of file `index` (`key`) and returns their XXH3,
-  /// hashing each piece as soon as it arrives: the bytes are hashed while still in the CPU's
-  /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
-  std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
-                            std::span<std::byte> out) const {
+  /// The longest stretches of `direct` (indices of chunk reads, `at(n)`) whose chunks follow
+  /// each other in one file (up to the 4 KiB alignment) and span at most 4 MiB, as [first, last)
+  /// positions in `direct`.
+  template <class At>
+  static std::vector<std::pair<std::size_t, std::size_t>> adjacent_runs(const std::vector<std::size_t>& direct, At&& at,
+                                                                         const std::vector<tensor_load>& wanted) {
+    constexpr std::uint64_t most = std::uint64_t{4} << 20;
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    std::uint64_t start = 0, end = 0;
+    std::uint32_t file = 0;
+    for (std::size_t k = 0; k < direct.size(); ++k) {
+      const auto& r = at(direct[k]);
+      const auto& c = wanted[r.tensor].stored->chunks;
+      const auto offset = c.file_offset[r.chunk], size = c.stored_size[r.chunk];
+      if (!runs.empty() && c.file[r.chunk] == file && offset == align_up(end) && offset + size - start <= most) {
+        runs.back().second = k + 1;
+      } else {
+        runs.emplace_back(k, k + 1);
+        start = offset, file = c.file[r.chunk];
+      }
+      end = offset + size;
+    }
+    return runs;
+  }
+
+  /// Opens `file` on file `index` (`key`) for the next reads, unless it is open already.
+  void open(const std::string& key, std::uint32_t index, open_file& file) const {
     if constexpr (opens_readers<Store>) {
       if (file.index != index || !file.reader) {
         file.reader.reset();
         file.reader.emplace(storage_->open_reader(key));
         file.index = index;
       }
-      // A reader that reads ahead (posix with O_DIRECT) learns how far it may.
-      if constexpr (announces_reads<typename reader_of<Store>::type>) file.reader->will_read(offset, out.size());
     }
+  }
+
+  /// Says that the next reads of `file` cover `bytes` at `offset`: a reader that reads ahead
+  /// (posix with O_DIRECT) learns how far it may.
+  void announce(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset, std::uint64_t bytes) const {
+    open(key, index, file);
+    if constexpr (opens_readers<Store>)
+      if constexpr (announces_reads<typename reader_of<Store>::type>) file.reader->will_read(offset, bytes);
+  }
+
+  /// Reads `out.size()` bytes at `offset` of file `index` (`key`) and returns their XXH3,
+  /// hashing each piece as soon as it arrives: the bytes are hashed while still in the CPU's
+  /// cache instead of being fetched from memory a second time, which makes verifying nearly free.
+  /// `announced`: a range holding these bytes was announced already (a run of chunks).
+  std::uint64_t read_hashed(const std::string& key, std::uint32_t index, open_file& file, std::uint64_t offset,
+                            std::span<std::byte> out, bool announced = false) const {
+    if (announced)
+      open(key, index, file);
+    else
+      announce(key, index, file, offset, out.size());
     const auto read = [&](std::uint64_t at, std::span<std::byte> part) {
       if constexpr (opens_readers<Store>)
         file.reader->read(at, part);
