@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (runs < 1) {
+    std::fprintf(stderr, "--runs must be at least 1 (run 0 only warms up)\n");
+    return 2;
+  }
   const auto total = static_cast<std::uint64_t>(gib * (1u << 30)) / 4096 * 4096;
   auto many = experts(count, total);
   state one, names;

@@ -586,3 +586,34 @@ TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 Mi
   // around them), not the 2304 pages of the tensor.
   CHECK(test::resident_pages(shard) < 64);
 }
+
+namespace {
+struct many_small {
+  std::vector<std::vector<float>> w = std::vector<std::vector<float>>(300, std::vector<float>(2048));  // 8 KiB each
+  template <class V>
+  void checkpoint(V& v) {
+    for (std::size_t i = 0; i < w.size(); ++i) v.tensor("expert." + std::to_string(i), w[i]);
+  }
+};
+}  // namespace
+
+TEST_CASE("a load from the disk reads small tensors saved one after another as runs of O_DIRECT reads") {
+  // 300 chunks of 8 KiB, each too small for O_DIRECT alone: the chunk reader hands them out in
+  // runs of up to 4 MiB, announced as a whole, so the reader fetches each run in one O_DIRECT
+  // read and nothing of the tensors passes through the page cache.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  many_small saved, back;
+  for (std::size_t i = 0; i < saved.w.size(); ++i) test::fill_random(saved.w[i], static_cast<unsigned>(i));
+  for (auto& t : back.w) std::fill(t.begin(), t.end(), 0.f);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  REQUIRE(test::drop_from_cache(shard));
+  const auto got = record([&] { cp.load(back); });
+  CHECK(back.w == saved.w);
+  const auto direct = std::count_if(got.begin(), got.end(), [](const call& c) { return c.o_direct; });
+  CHECK(direct >= 1);
+  CHECK(direct <= 2);  // 300 x 8 KiB in one run of 2.4 MiB (two if a read was split)
+  CHECK(test::resident_pages(shard) < 64);  // header, index and footer with the kernel's readahead
+}
