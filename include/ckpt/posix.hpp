@@ -335,7 +335,7 @@ class posix {
     std::filesystem::path temp_, final_;
     std::vector<std::filesystem::path> dirs_;  // directories whose entries changed when creating parents
     std::vector<std::byte> pending_;           // small writes not yet written (see write)
-    std::uint64_t position_ = 0;               // bytes written to the file so far
+    std::uint64_t position_ = 0;               // bytes written, or handed to the write queue, so far
     bool direct_ = false;                      // the descriptor has O_DIRECT (see write_direct)
     unsigned depth_ = 1;                       // O_DIRECT writes in flight, at most
     std::unique_ptr<detail::write_queue> queue_;  // the O_DIRECT writes and their buffers, on first use

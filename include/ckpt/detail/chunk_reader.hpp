@@ -140,23 +140,34 @@ class chunk_reader {
       // Chunks that follow each other in a file (small tensors, saved one after the other) are
       // read by one worker as one run of up to 4 MiB, announced to the reader as a whole: read
       // one by one, each of them is too small for O_DIRECT and comes through the page cache.
-      const auto runs = adjacent_runs(direct, [&](std::size_t n) -> const chunk_read& { return reads[n]; }, wanted);
+      struct run {
+        std::size_t first, last;  // positions in `direct`
+        std::uint32_t file;
+        std::uint64_t offset, end;  // the bytes of the file it covers
+      };
+      std::vector<run> runs;
+      constexpr std::uint64_t most = std::uint64_t{4} << 20;
+      for (std::size_t k = 0; k < direct.size(); ++k) {
+        const auto& r = reads[direct[k]];
+        const auto& c = wanted[r.tensor].stored->chunks;
+        const auto file = c.file[r.chunk], offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
+        if (!runs.empty() && runs.back().file == file && offset == align_up(runs.back().end) && end - runs.back().offset <= most)
+          runs.back().last = k + 1, runs.back().end = end;
+        else
+          runs.push_back({k, k + 1, file, offset, end});
+      }
       std::vector<open_file> files(std::min<std::size_t>(readers, std::max<std::size_t>(runs.size(), 1)));  // one per worker
       parallel_for(runs.size(), static_cast<unsigned>(files.size()), [&](std::size_t g, unsigned w) {
-        const auto [first, last] = runs[g];
-        for (auto k = first; k < last; ++k) {
+        const auto& run = runs[g];
+        const auto key = file_key(md, run.file);
+        announce(key, run.file, files[w], run.offset, run.end - run.offset);
+        for (auto k = run.first; k < run.last; ++k) {
           auto& r = reads[direct[k]];
           const auto& c = wanted[r.tensor].stored->chunks;
           const auto i = r.chunk;
-          if (k == first && last - first > 1) {
-            const auto& end = reads[direct[last - 1]];
-            const auto& ec = wanted[end.tensor].stored->chunks;
-            announce(key_of(r), c.file[i], files[w], c.file_offset[i],
-                     ec.file_offset[end.chunk] + ec.stored_size[end.chunk] - c.file_offset[i]);
-          }
           const std::span<std::byte> target(dev.host_view(*wanted[r.tensor].ref) + r.at, static_cast<std::size_t>(c.stored_size[i]));
           r.read = target.size();
-          if (read_hashed(key_of(r), c.file[i], files[w], c.file_offset[i], target, last - first > 1) != c.xxh3[i]) throw mismatch(r);
+          if (read_hashed(key, run.file, files[w], c.file_offset[i], target, true) != c.xxh3[i]) throw mismatch(r);
           r.filled = target.size();
         }
       });
@@ -232,31 +243,6 @@ class chunk_reader {
     std::uint32_t index = UINT32_MAX;
     std::optional<typename reader_of<Store>::type> reader;
   };
-
-  /// The longest stretches of `direct` (indices of chunk reads, `at(n)`) whose chunks follow
-  /// each other in one file (up to the 4 KiB alignment) and span at most 4 MiB, as [first, last)
-  /// positions in `direct`.
-  template <class At>
-  static std::vector<std::pair<std::size_t, std::size_t>> adjacent_runs(const std::vector<std::size_t>& direct, At&& at,
-                                                                         const std::vector<tensor_load>& wanted) {
-    constexpr std::uint64_t most = std::uint64_t{4} << 20;
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    std::uint64_t start = 0, end = 0;
-    std::uint32_t file = 0;
-    for (std::size_t k = 0; k < direct.size(); ++k) {
-      const auto& r = at(direct[k]);
-      const auto& c = wanted[r.tensor].stored->chunks;
-      const auto offset = c.file_offset[r.chunk], size = c.stored_size[r.chunk];
-      if (!runs.empty() && c.file[r.chunk] == file && offset == align_up(end) && offset + size - start <= most) {
-        runs.back().second = k + 1;
-      } else {
-        runs.emplace_back(k, k + 1);
-        start = offset, file = c.file[r.chunk];
-      }
-      end = offset + size;
-    }
-    return runs;
-  }
 
   /// Opens `file` on file `index` (`key`) for the next reads, unless it is open already.
   void open(const std::string& key, std::uint32_t index, open_file& file) const {
