@@ -150,7 +150,8 @@ class chunk_reader {
       for (std::size_t k = 0; k < direct.size(); ++k) {
         const auto& r = reads[direct[k]];
         const auto& c = wanted[r.tensor].stored->chunks;
-        const auto file = c.file[r.chunk], offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
+        const std::uint32_t file = c.file[r.chunk];
+        const std::uint64_t offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
         if (!runs.empty() && runs.back().file == file && offset == align_up(runs.back().end) && end - runs.back().offset <= most)
           runs.back().last = k + 1, runs.back().end = end;
         else
