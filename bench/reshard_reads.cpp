@@ -1,0 +1,181 @@
+// reshard_reads: how many bytes a rank reads, against the bytes it needs, when it loads a
+// tensor-parallel checkpoint at another layout (issue "loads at the limit", point 4).
+//
+// The model is Megatron's MLP per layer: fc1 column-parallel ([4h, h], split by rows, so each
+// rank's slice is one contiguous range of the stored tensor) and fc2 row-parallel ([h, 4h],
+// split by columns, so each slice is a strided part of every row), fp32. It is saved at tp 4
+// (ranks are threads of one process, ckpt::in_process) and loaded at tp 3 and at tp 2 x dp 2;
+// every loaded element is checked. A chunk is the unit of verification, so a rank reads every
+// chunk its slice overlaps in full: the figure depends on the chunk size, which is swept.
+//
+//   reshard_reads [--hidden 1024] [--layers 4] [--chunk-kib 4096,1024,256] [--dir DIR]
+//
+// Prints one row per weight, chunk size, layout and rank (and one for all ranks): bytes
+// needed, bytes read (shard file checks included), read / needed; then the worst rank's ratio as
+// `reshard_worst_<weights>_<layout>_<chunk>kib <ratio>`.
+
+#include <ckpt/ckpt.hpp>
+#include <ckpt/in_process.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct layout {
+  std::uint32_t tp, dp;
+};
+
+/// One rank's slices of every layer's fc1 and fc2; element (i, j) of a weight holds a value
+/// made from its global position, so a load can be checked element by element.
+struct mlp_slice {
+  std::uint64_t h, layers;
+  std::uint32_t tp, rank;
+  int weights;  // 1: only fc1, 2: only fc2
+  std::vector<std::vector<float>> fc1, fc2;
+
+  mlp_slice(std::uint64_t hidden, std::uint64_t n, std::uint32_t t, std::uint32_t r, int w, bool fill)
+      : h(hidden), layers(n), tp(t), rank(r), weights(w), fc1(n), fc2(n) {
+    for (std::uint64_t l = 0; l < n; ++l) {
+      fc1[l].assign(rows() * h, 0.0f);
+      fc2[l].assign(h * rows(), 0.0f);
+      if (!fill) continue;
+      for (std::uint64_t i = 0; i < rows(); ++i)
+        for (std::uint64_t j = 0; j < h; ++j) fc1[l][i * h + j] = value(l, 0, lo() + i, j);
+      for (std::uint64_t i = 0; i < h; ++i)
+        for (std::uint64_t j = 0; j < rows(); ++j) fc2[l][i * rows() + j] = value(l, 1, i, lo() + j);
+    }
+  }
+  static float value(std::uint64_t l, std::uint64_t w, std::uint64_t i, std::uint64_t j) {
+    return static_cast<float>((l * 2 + w) * 1000003 + i * 7919 + j);
+  }
+  std::uint64_t lo() const { return 4 * h * rank / tp; }
+  std::uint64_t rows() const { return 4 * h * (rank + 1) / tp - lo(); }
+  std::uint64_t bytes() const { return layers * rows() * h * sizeof(float); }
+
+  template <class V>
+  void checkpoint(V& v) {
+    for (std::uint64_t l = 0; l < layers; ++l) {
+      const auto p = "layers." + std::to_string(l) + ".";
+      if (weights == 1) v.tensor(p + "fc1.weight", ckpt::view(fc1[l].data(), {rows(), h}).sharded({.global_shape = {4 * h, h}, .offset = {lo(), 0}}));
+      if (weights == 2) v.tensor(p + "fc2.weight", ckpt::view(fc2[l].data(), {h, rows()}).sharded({.global_shape = {h, 4 * h}, .offset = {0, lo()}}));
+    }
+  }
+
+  std::uint64_t wrong() const {
+    const mlp_slice want(h, layers, tp, rank, weights, true);
+    std::uint64_t n = 0;
+    for (std::uint64_t l = 0; l < layers; ++l) n += weights == 1 ? fc1[l] != want.fc1[l] : fc2[l] != want.fc2[l];
+    return n;
+  }
+};
+
+template <class F>
+void on_ranks(std::uint32_t n, F&& body) {
+  auto world = std::make_shared<ckpt::in_process_world>(static_cast<int>(n));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ranks;
+  for (std::uint32_t r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        body(ckpt::in_process{world, static_cast<int>(r)}, r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (std::uint32_t r = 0; r < n; ++r)
+    if (!errors[r].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+}
+
+std::vector<std::uint64_t> numbers(const std::string& list) {
+  std::vector<std::uint64_t> out;
+  std::stringstream s(list);
+  for (std::string item; std::getline(s, item, ',');) out.push_back(std::stoull(item));
+  return out;
+}
+
+using cp_t = ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix>;
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::uint64_t hidden = 1024, layers = 4;
+  std::vector<std::uint64_t> chunks_kib{4096, 1024, 256};
+  fs::path dir = fs::temp_directory_path() / "ckpt_reshard_reads";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--hidden") hidden = std::stoull(next());
+    else if (a == "--layers") layers = std::stoull(next());
+    else if (a == "--chunk-kib") chunks_kib = numbers(next());
+    else if (a == "--dir") dir = next();
+    else throw std::invalid_argument("unknown option " + a);
+  }
+  if (hidden == 0 || layers == 0 || chunks_kib.empty() ||
+      std::any_of(chunks_kib.begin(), chunks_kib.end(), [](std::uint64_t k) { return k == 0; }))
+    throw std::invalid_argument("--hidden, --layers and every --chunk-kib must be positive");
+  std::printf("model: %llu layers of fc1 [%llu, %llu] (split by rows) and fc2 [%llu, %llu] (split by columns), fp32, saved at tp 4\n",
+              static_cast<unsigned long long>(layers), static_cast<unsigned long long>(4 * hidden),
+              static_cast<unsigned long long>(hidden), static_cast<unsigned long long>(hidden),
+              static_cast<unsigned long long>(4 * hidden));
+  std::printf("%-14s %-10s %-10s %-5s %14s %14s %12s\n", "weights", "chunk_KiB", "loaded_at", "rank", "bytes_needed", "bytes_read",
+              "read/needed");
+  for (const int weights : {1, 2})
+  for (const auto kib : chunks_kib) {
+    const char* kind = weights == 1 ? "fc1_by_rows" : "fc2_by_cols";
+    fs::remove_all(dir);
+    const ckpt::checkpointer_options opts{.chunk_bytes = kib << 10};
+    on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+      cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
+      mlp_slice m(hidden, layers, 4, r, weights, true);
+      cp.save(1, m);
+    });
+    for (const layout l : {layout{3, 1}, layout{2, 2}}) {
+      std::vector<std::uint64_t> needed(l.tp * l.dp), read(l.tp * l.dp);
+      on_ranks(l.tp * l.dp, [&](ckpt::in_process comm, std::uint32_t r) {
+        cp_t cp{{.tp = l.tp, .dp = l.dp, .comm = comm}, dir, opts};
+        mlp_slice m(hidden, layers, l.tp, cp.policy().coordinates().tp, weights, false);
+        const auto res = cp.load(m, {.on_topology_change = ckpt::topology_change::keep_live});
+        if (m.wrong() != 0) throw std::runtime_error(std::to_string(m.wrong()) + " tensors loaded wrong");
+        needed[r] = m.bytes();
+        read[r] = res.bytes_read;
+      });
+      const auto name = "tp" + std::to_string(l.tp) + (l.dp > 1 ? "xdp" + std::to_string(l.dp) : "");
+      std::uint64_t all_needed = 0, all_read = 0;
+      double worst = 0;
+      for (std::uint32_t r = 0; r < l.tp * l.dp; ++r) {
+        all_needed += needed[r];
+        all_read += read[r];
+        worst = std::max(worst, static_cast<double>(read[r]) / static_cast<double>(needed[r]));
+        std::printf("%-14s %-10llu %-10s %-5u %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), r,
+                    static_cast<unsigned long long>(needed[r]), static_cast<unsigned long long>(read[r]),
+                    static_cast<double>(read[r]) / static_cast<double>(needed[r]));
+      }
+      std::printf("%-14s %-10llu %-10s %-5s %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), "all",
+                  static_cast<unsigned long long>(all_needed), static_cast<unsigned long long>(all_read),
+                  static_cast<double>(all_read) / static_cast<double>(all_needed));
+      // For bench/report.py: the worst rank's read / needed, as a "name value" line.
+      std::printf("reshard_worst_%s_%s_%llukib %.4f\n", kind, name.c_str(), static_cast<unsigned long long>(kib), worst);
+    }
+  }
+  fs::remove_all(dir);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "reshard_reads: %s\n", e.what());
+  return 1;
+}
