@@ -17,17 +17,18 @@
 #include <ckpt/ckpt.hpp>
 #include <ckpt/in_process.hpp>
 
+#include "../tests/on_ranks.hpp"  // ranks as threads
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -82,20 +83,11 @@ struct mlp_slice {
   }
 };
 
+/// Runs body(comm, rank) on n threads of one in_process world (the tests' helper); throws the
+/// first rank's error.
 template <class F>
 void on_ranks(std::uint32_t n, F&& body) {
-  auto world = std::make_shared<ckpt::in_process_world>(static_cast<int>(n));
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> ranks;
-  for (std::uint32_t r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        body(ckpt::in_process{world, static_cast<int>(r)}, r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
+  const auto errors = test::on_ranks(n, std::forward<F>(body));
   for (std::uint32_t r = 0; r < n; ++r)
     if (!errors[r].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
 }
