@@ -39,46 +39,42 @@ struct layout {
   std::uint32_t tp, dp;
 };
 
-/// One rank's slices of every layer's fc1 and fc2; element (i, j) of a weight holds a value
-/// made from its global position, so a load can be checked element by element.
+/// One rank's slices of every layer's fc1 (split by rows) or fc2 (split by columns); each
+/// element holds a value made from its global position, so a load can be checked element by
+/// element.
 struct mlp_slice {
   std::uint64_t h, layers;
   std::uint32_t tp, rank;
-  int weights;  // 1: only fc1, 2: only fc2
-  std::vector<std::vector<float>> fc1, fc2;
+  bool by_columns;  // fc2 rather than fc1
+  std::vector<std::vector<float>> w;  // per layer
 
-  mlp_slice(std::uint64_t hidden, std::uint64_t n, std::uint32_t t, std::uint32_t r, int w, bool fill)
-      : h(hidden), layers(n), tp(t), rank(r), weights(w), fc1(n), fc2(n) {
-    for (std::uint64_t l = 0; l < n; ++l) {
-      fc1[l].assign(rows() * h, 0.0f);
-      fc2[l].assign(h * rows(), 0.0f);
-      if (!fill) continue;
-      for (std::uint64_t i = 0; i < rows(); ++i)
-        for (std::uint64_t j = 0; j < h; ++j) fc1[l][i * h + j] = value(l, 0, lo() + i, j);
-      for (std::uint64_t i = 0; i < h; ++i)
-        for (std::uint64_t j = 0; j < rows(); ++j) fc2[l][i * rows() + j] = value(l, 1, i, lo() + j);
-    }
-  }
-  static float value(std::uint64_t l, std::uint64_t w, std::uint64_t i, std::uint64_t j) {
-    return static_cast<float>((l * 2 + w) * 1000003 + i * 7919 + j);
+  mlp_slice(std::uint64_t hidden, std::uint64_t n, std::uint32_t t, std::uint32_t r, bool columns, bool fill)
+      : h(hidden), layers(n), tp(t), rank(r), by_columns(columns), w(n, std::vector<float>(rows() * hidden)) {
+    if (!fill) return;
+    const auto size = shape(), at = offset();
+    for (std::uint64_t l = 0; l < n; ++l)
+      for (std::uint64_t i = 0; i < size[0]; ++i)
+        for (std::uint64_t j = 0; j < size[1]; ++j)
+          w[l][i * size[1] + j] = static_cast<float>(l * 1000003 + (i + at[0]) * 7919 + j + at[1]);
   }
   std::uint64_t lo() const { return 4 * h * rank / tp; }
   std::uint64_t rows() const { return 4 * h * (rank + 1) / tp - lo(); }
   std::uint64_t bytes() const { return layers * rows() * h * sizeof(float); }
+  ckpt::shape_t shape() const { return by_columns ? ckpt::shape_t{h, rows()} : ckpt::shape_t{rows(), h}; }
+  ckpt::shape_t offset() const { return by_columns ? ckpt::shape_t{0, lo()} : ckpt::shape_t{lo(), 0}; }
 
   template <class V>
   void checkpoint(V& v) {
-    for (std::uint64_t l = 0; l < layers; ++l) {
-      const auto p = "layers." + std::to_string(l) + ".";
-      if (weights == 1) v.tensor(p + "fc1.weight", ckpt::view(fc1[l].data(), {rows(), h}).sharded({.global_shape = {4 * h, h}, .offset = {lo(), 0}}));
-      if (weights == 2) v.tensor(p + "fc2.weight", ckpt::view(fc2[l].data(), {h, rows()}).sharded({.global_shape = {h, 4 * h}, .offset = {0, lo()}}));
-    }
+    const auto global = by_columns ? ckpt::shape_t{h, 4 * h} : ckpt::shape_t{4 * h, h};
+    for (std::uint64_t l = 0; l < layers; ++l)
+      v.tensor("layers." + std::to_string(l) + (by_columns ? ".fc2.weight" : ".fc1.weight"),
+               ckpt::view(w[l].data(), shape()).sharded({.global_shape = global, .offset = offset()}));
   }
 
   std::uint64_t wrong() const {
-    const mlp_slice want(h, layers, tp, rank, weights, true);
+    const mlp_slice want(h, layers, tp, rank, by_columns, true);
     std::uint64_t n = 0;
-    for (std::uint64_t l = 0; l < layers; ++l) n += weights == 1 ? fc1[l] != want.fc1[l] : fc2[l] != want.fc2[l];
+    for (std::uint64_t l = 0; l < layers; ++l) n += w[l] != want.w[l];
     return n;
   }
 };
@@ -128,42 +124,43 @@ int main(int argc, char** argv) try {
               static_cast<unsigned long long>(4 * hidden));
   std::printf("%-14s %-10s %-10s %-5s %14s %14s %12s\n", "weights", "chunk_KiB", "loaded_at", "rank", "bytes_needed", "bytes_read",
               "read/needed");
-  for (const int weights : {1, 2})
-  for (const auto kib : chunks_kib) {
-    const char* kind = weights == 1 ? "fc1_by_rows" : "fc2_by_cols";
-    fs::remove_all(dir);
-    const ckpt::checkpointer_options opts{.chunk_bytes = kib << 10};
-    on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
-      cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
-      mlp_slice m(hidden, layers, 4, r, weights, true);
-      cp.save(1, m);
-    });
-    for (const layout l : {layout{3, 1}, layout{2, 2}}) {
-      std::vector<std::uint64_t> needed(l.tp * l.dp), read(l.tp * l.dp);
-      on_ranks(l.tp * l.dp, [&](ckpt::in_process comm, std::uint32_t r) {
-        cp_t cp{{.tp = l.tp, .dp = l.dp, .comm = comm}, dir, opts};
-        mlp_slice m(hidden, layers, l.tp, cp.policy().coordinates().tp, weights, false);
-        const auto res = cp.load(m, {.on_topology_change = ckpt::topology_change::keep_live});
-        if (m.wrong() != 0) throw std::runtime_error(std::to_string(m.wrong()) + " tensors loaded wrong");
-        needed[r] = m.bytes();
-        read[r] = res.bytes_read;
+  for (const bool by_columns : {false, true}) {
+    const char* kind = by_columns ? "fc2_by_cols" : "fc1_by_rows";
+    for (const auto kib : chunks_kib) {
+      fs::remove_all(dir);
+      const ckpt::checkpointer_options opts{.chunk_bytes = kib << 10};
+      on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+        cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
+        mlp_slice m(hidden, layers, 4, r, by_columns, true);
+        cp.save(1, m);
       });
-      const auto name = "tp" + std::to_string(l.tp) + (l.dp > 1 ? "xdp" + std::to_string(l.dp) : "");
-      std::uint64_t all_needed = 0, all_read = 0;
-      double worst = 0;
-      for (std::uint32_t r = 0; r < l.tp * l.dp; ++r) {
-        all_needed += needed[r];
-        all_read += read[r];
-        worst = std::max(worst, static_cast<double>(read[r]) / static_cast<double>(needed[r]));
-        std::printf("%-14s %-10llu %-10s %-5u %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), r,
-                    static_cast<unsigned long long>(needed[r]), static_cast<unsigned long long>(read[r]),
-                    static_cast<double>(read[r]) / static_cast<double>(needed[r]));
+      for (const layout l : {layout{3, 1}, layout{2, 2}}) {
+        std::vector<std::uint64_t> needed(l.tp * l.dp), read(l.tp * l.dp);
+        on_ranks(l.tp * l.dp, [&](ckpt::in_process comm, std::uint32_t r) {
+          cp_t cp{{.tp = l.tp, .dp = l.dp, .comm = comm}, dir, opts};
+          mlp_slice m(hidden, layers, l.tp, cp.policy().coordinates().tp, by_columns, false);
+          const auto res = cp.load(m, {.on_topology_change = ckpt::topology_change::keep_live});
+          if (m.wrong() != 0) throw std::runtime_error(std::to_string(m.wrong()) + " tensors loaded wrong");
+          needed[r] = m.bytes();
+          read[r] = res.bytes_read;
+        });
+        const auto name = "tp" + std::to_string(l.tp) + (l.dp > 1 ? "xdp" + std::to_string(l.dp) : "");
+        std::uint64_t all_needed = 0, all_read = 0;
+        double worst = 0;
+        for (std::uint32_t r = 0; r < l.tp * l.dp; ++r) {
+          all_needed += needed[r];
+          all_read += read[r];
+          worst = std::max(worst, static_cast<double>(read[r]) / static_cast<double>(needed[r]));
+          std::printf("%-14s %-10llu %-10s %-5u %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), r,
+                      static_cast<unsigned long long>(needed[r]), static_cast<unsigned long long>(read[r]),
+                      static_cast<double>(read[r]) / static_cast<double>(needed[r]));
+        }
+        std::printf("%-14s %-10llu %-10s %-5s %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), "all",
+                    static_cast<unsigned long long>(all_needed), static_cast<unsigned long long>(all_read),
+                    static_cast<double>(all_read) / static_cast<double>(all_needed));
+        // For bench/report.py: the worst rank's read / needed, as a "name value" line.
+        std::printf("reshard_worst_%s_%s_%llukib %.4f\n", kind, name.c_str(), static_cast<unsigned long long>(kib), worst);
       }
-      std::printf("%-14s %-10llu %-10s %-5s %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), "all",
-                  static_cast<unsigned long long>(all_needed), static_cast<unsigned long long>(all_read),
-                  static_cast<double>(all_read) / static_cast<double>(all_needed));
-      // For bench/report.py: the worst rank's read / needed, as a "name value" line.
-      std::printf("reshard_worst_%s_%s_%llukib %.4f\n", kind, name.c_str(), static_cast<unsigned long long>(kib), worst);
     }
   }
   fs::remove_all(dir);
