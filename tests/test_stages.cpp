@@ -144,7 +144,7 @@ TEST_CASE("gather: the identity for a policy that does not gather; rank 0 receiv
     ckpt::detail::collect_state(plan, v, ckpt::single_process{}, ckpt::host_copy{}, {}, 0);
     ckpt::local comm;
     ckpt::host_copy host;
-    ckpt::detail::gather_plan<ckpt::single_process>(comm, plan, host, 4096);
+    ckpt::detail::gather_plan<ckpt::single_process>(comm, plan, host, {.chunk_bytes = 4096});
     CHECK(plan.mine.size() == 2);
     CHECK(plan.source.empty());
   }
@@ -161,7 +161,7 @@ TEST_CASE("gather: the identity for a policy that does not gather; rank 0 receiv
     auto plan = ckpt::detail::new_save_plan(1, {});
     ckpt::detail::collect_state(plan, v, p, ckpt::host_copy{}, {}, static_cast<int>(r));
     ckpt::host_copy host;
-    ckpt::detail::gather_plan<policy>(p.comm, plan, host, 4096);
+    ckpt::detail::gather_plan<policy>(p.comm, plan, host, {.chunk_bytes = 4096});
     tensors[r] = plan.mine.size();
     values[r] = plan.values.size();
     sources_remote[r] = static_cast<std::size_t>(std::count_if(plan.source.begin(), plan.source.end(), [](int x) { return x >= 0; }));
@@ -170,7 +170,7 @@ TEST_CASE("gather: the identity for a policy that does not gather; rank 0 receiv
     ckpt::detail::through_gather<policy>(p.comm, plan, host, [&](auto& via) {
       for (auto& t : plan.mine) {
         sink.resize(static_cast<std::size_t>(t.ref.nbytes()));
-        for (const auto& range : ckpt::detail::transfer_ranges(t.ref, plan.transfer_chunk))
+        for (const auto& range : ckpt::detail::transfer_ranges(t.ref, plan.transfers))
           via.to_host(t.ref, range.offset, std::span(sink).subspan(static_cast<std::size_t>(range.offset), static_cast<std::size_t>(range.bytes)));
       }
     });

@@ -165,7 +165,7 @@ class checkpointer {
       detail::collect_state(plan, v, policy_, device_, opts, comm.rank());
     });
     detail::agree_on(comm, plan.tag, iteration);
-    detail::gather_plan<Policy>(comm, plan, device_, options_.chunk_bytes);
+    detail::gather_plan<Policy>(comm, plan, device_, save_chunking());
     return plan;
   }
 
@@ -205,7 +205,7 @@ class checkpointer {
     detail::check_key(*path);
     const auto rank = static_cast<std::uint32_t>(policy_.communicator().rank());
     return detail::write_shard(storage_, plan.tag, *path, rank, plan.mine, plan.values, codec_, device,
-                               detail::write_settings{options_.chunk_bytes, options_.threads, options_.buffer_bytes});
+                               detail::write_settings{save_chunking(), options_.threads, options_.buffer_bytes});
   }
 
   /// save_async on several ranks uses the communicator from a background thread.
@@ -279,6 +279,9 @@ class checkpointer {
       val->load(bytes, "value " + detail::printable(val->name) + " in " + storage_.describe(key));
     }
   }
+
+  /// How this checkpointer's saves cut tensors into chunks (boxes are write_shard's choice).
+  detail::chunking save_chunking() const { return {.chunk_bytes = options_.chunk_bytes, .reshard_blocks = options_.reshard_blocks}; }
 
   /// The load stage that reads, verifies and decodes chunks into tensors (detail/chunk_reader.hpp).
   detail::chunk_reader<Store, Enc> chunks() const { return {storage_, codec_, options_.threads}; }

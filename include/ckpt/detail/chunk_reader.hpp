@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -73,9 +74,10 @@ class chunk_reader {
   /// once in no particular order (so `dev.host_view`, which only returns the tensor's
   /// pointer, is called from several threads). The other chunks are items of run_pipeline:
   /// workers read, verify and decode them in parallel (when the Storage allows concurrent
-  /// reads), and one finishing thread copies them into their tensors through `dev.from_host`,
-  /// in order, so a DevicePolicy's copies never run on two threads at once. With several
-  /// damaged chunks, the error reported is the first in-place one, if any.
+  /// reads). Into host tensors the workers also copy them, each its own part of the tensor;
+  /// otherwise one finishing thread copies them through `dev.from_host`, in order, so a
+  /// DevicePolicy's copies never run on two threads at once. With several damaged chunks, the
+  /// error reported is the first in-place one, if any.
   template <class Dev, class Verify>
   std::uint64_t load(const std::vector<tensor_load>& wanted, const metadata& md, Verify& verify_file,
                      Dev& dev) const {
@@ -209,16 +211,29 @@ class chunk_reader {
             throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +
                                                  " bytes, expected " + std::to_string(raw_size));
           }
+          if constexpr (has_host_view<Dev>) {  // chunks fill disjoint parts of the tensors: copied here, in parallel
+            const auto& ref = *wanted[r.tensor].ref;
+            const region src{c.offset(i), c.shape(i)}, dst{dst_offset[r.tensor], ref.shape()};
+            auto* to = dev.host_view(ref);
+            const auto* from = sl.plain.data();
+            r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t f, std::uint64_t len) {
+              std::memcpy(to + d, from + f, static_cast<std::size_t>(len));
+            });
+          }
         },
         [&](std::size_t n, std::size_t si) {  // copy into the tensor through the device policy, in order
-          auto& r = reads[staged[n]];
-          const auto& s = *wanted[r.tensor].stored;
-          const auto& ref = *wanted[r.tensor].ref;
-          const region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
-          const auto plain = ring[si].plain;
-          r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
-            dev.from_host(plain.subspan(from, len), ref, d);
-          });
+          if constexpr (!has_host_view<Dev>) {
+            auto& r = reads[staged[n]];
+            const auto& s = *wanted[r.tensor].stored;
+            const auto& ref = *wanted[r.tensor].ref;
+            const region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
+            const auto plain = ring[si].plain;
+            r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
+              dev.from_host(plain.subspan(from, len), ref, d);
+            });
+          } else {
+            (void)n, (void)si;  // copied by the worker
+          }
         });
     std::vector<std::uint64_t> filled(wanted.size(), 0);
     std::uint64_t bytes_read = 0;

@@ -85,7 +85,7 @@ CKPT_DECL void unpack_at_root(std::span<const std::byte> bytes, int from, gather
 /// what it sends in `plan.sent` and rank 0 notes in `plan.source` whom each tensor comes from).
 /// Collective; the identity for other policies.
 template <class Policy, class Comm, class Dev>
-void gather_plan(Comm& comm, save_plan& plan, Dev& device, std::uint64_t chunk_bytes) {
+void gather_plan(Comm& comm, save_plan& plan, Dev& device, const chunking& how) {
   if constexpr (gathers<Policy>) {
     // Streamed: only names and shapes go through the gather; the bytes follow point to point
     // while rank 0 writes. Otherwise everything passes through one gather.
@@ -129,13 +129,15 @@ void gather_plan(Comm& comm, save_plan& plan, Dev& device, std::uint64_t chunk_b
     plan.gathered_bytes = std::move(at_root.buffers);  // the tensors in `mine` point into them
     if constexpr (streamed) {
       // The transfers follow rank 0's chunking, whatever the other ranks' options say.
-      std::vector<std::byte> chunk(sizeof(std::uint64_t));
-      std::memcpy(chunk.data(), &chunk_bytes, sizeof chunk_bytes);
-      comm.broadcast(chunk, 0);
-      std::memcpy(&plan.transfer_chunk, chunk.data(), sizeof plan.transfer_chunk);
+      std::vector<std::byte> cut(sizeof how.chunk_bytes + sizeof how.reshard_blocks);
+      std::memcpy(cut.data(), &how.chunk_bytes, sizeof how.chunk_bytes);
+      std::memcpy(cut.data() + sizeof how.chunk_bytes, &how.reshard_blocks, sizeof how.reshard_blocks);
+      comm.broadcast(cut, 0);
+      std::memcpy(&plan.transfers.chunk_bytes, cut.data(), sizeof how.chunk_bytes);
+      std::memcpy(&plan.transfers.reshard_blocks, cut.data() + sizeof how.chunk_bytes, sizeof how.reshard_blocks);
     }
   } else {
-    (void)comm, (void)plan, (void)device, (void)chunk_bytes;
+    (void)comm, (void)plan, (void)device, (void)how;
   }
 }
 
@@ -149,11 +151,11 @@ template <class Policy, class Comm, class Dev, class Use>
 void through_gather(Comm& comm, save_plan& plan, Dev& device, Use&& use) {
   if constexpr (streams<Policy>) {
     if (!plan.sent.empty()) {
-      send_to_root(comm, plan.sent, plan.transfer_chunk, device);
+      send_to_root(comm, plan.sent, plan.transfers, device);
       plan.sent.clear();
     }
     if (std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; })) {
-      receiving_device<Dev, Comm> rx(device, comm, plan.mine, plan.source, plan.transfer_chunk);
+      receiving_device<Dev, Comm> rx(device, comm, plan.mine, plan.source, plan.transfers);
       try {
         use(rx);
       } catch (...) {

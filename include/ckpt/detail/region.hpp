@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -77,18 +78,66 @@ std::uint64_t for_each_overlap_run(region src, region dst, std::uint64_t elem, F
   }
 }
 
-/// One chunk of a local tensor: a slice (offset, shape in local coordinates) whose bytes are
-/// the contiguous range [byte_offset, byte_offset + bytes) of the local tensor.
+/// One chunk of a local tensor: a slice (offset, shape in local coordinates) of `bytes` bytes.
+/// When `contiguous`, its bytes are the range [byte_offset, byte_offset + bytes) of the local
+/// tensor; otherwise it is a box (a block of columns, say) whose bytes are gathered from the
+/// tensor row by row (gather_box), and `byte_offset` is where its first element lies.
 struct chunk_slice {
   shape_t offset;
   shape_t shape;
   std::uint64_t byte_offset = 0;
   std::uint64_t bytes = 0;
+  bool contiguous = true;
 };
 
 /// Splits a tensor into contiguous chunks of about `target` bytes: along the outermost
 /// dimension whose one-index step fits the target, with all outer dimensions fixed.
 CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target);
+
+/// How a save cuts a tensor into chunks (checkpointer_options::chunk_bytes and
+/// reshard_blocks).
+struct chunking {
+  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  /// A slice of a larger tensor is also cut into about this many blocks along each dimension
+  /// it is split on (1: not at all), so that a load at another layout, whose slices start and
+  /// end anywhere, reads at most about a block beyond each end of what it needs.
+  std::uint32_t reshard_blocks = 16;
+  /// Whether chunks may be boxes that are not one byte range of the tensor (blocks of columns):
+  /// only where the writer gathers them from host memory itself.
+  bool boxes = false;
+};
+
+/// Blocks are not made smaller than this: below it, a block's per-chunk costs (an entry in the
+/// chunk map, a checksum, a read of its own) outweigh the bytes it saves a resharded load.
+inline constexpr std::uint64_t min_reshard_block_bytes = std::uint64_t{64} << 10;
+
+/// The chunks of a local slice of shape `shape` (memory order) of a tensor of `global_shape`:
+/// split_into_chunks' where the slice is the whole tensor, or where blocks cannot be made;
+/// otherwise the slice is first cut into blocks along the dimensions it is split on (only the
+/// outermost one of more than one index unless `how.boxes`), and each block then into chunks of
+/// at most about `how.chunk_bytes`. The chunks tile the slice, in row-major order of blocks.
+CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem,
+                                             const chunking& how);
+
+/// True when a box of shape `box` in a row-major tensor of shape `shape` is one byte range: no
+/// dimension cuts it short after one it spans more than one index of.
+inline bool box_is_contiguous(const shape_t& box, const shape_t& shape) {
+  bool spans = false;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (spans && box[d] != shape[d]) return false;
+    spans = spans || box[d] > 1;
+  }
+  return true;
+}
+
+/// Copies the elements of `chunk` (a box of the row-major tensor `shape` at `tensor`) into `out`,
+/// densely, in row-major order of the box.
+inline void gather_box(const std::byte* tensor, const shape_t& shape, const chunk_slice& chunk, std::uint64_t elem,
+                       std::byte* out) {
+  const shape_t origin(shape.size(), 0);
+  for_each_overlap_run(region{origin, shape}, region{chunk.offset, chunk.shape}, elem,
+                       [&](std::uint64_t to, std::uint64_t from, std::uint64_t n) { std::memcpy(out + to, tensor + from, n); });
+}
 
 }  // namespace ckpt::detail
 

@@ -38,7 +38,7 @@ struct save_plan {
   // received as they are written; on the other ranks, the tensors they send rank 0.
   std::vector<int> source;
   std::vector<stored_tensor> sent;
-  std::uint64_t transfer_chunk = 0;                 // rank 0's chunk size, which the transfers follow
+  chunking transfers;                                // rank 0's chunking, which the transfers follow
   std::vector<std::vector<std::byte>> gathered_bytes;  // what the other ranks sent rank 0 (unstreamed)
 };
 

@@ -45,7 +45,7 @@ struct stored_value {
 
 /// How a shard file is written: chunking and the pipeline's threads and memory.
 struct write_settings {
-  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  chunking chunks;                                    // boxes: chosen by write_shard from the DevicePolicy
   unsigned threads = 0;                               // encode/hash workers (0: one per core, at most 8)
   std::uint64_t buffer_bytes = std::uint64_t{256} << 20;  // host buffers in flight, at most
 };
@@ -75,14 +75,19 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   out.path = path;
   out.index.rank = rank;
 
-  // Every chunk of every tensor, in file order.
+  // Raw chunks of host tensors need no buffer at all: they are hashed and written in place.
+  constexpr bool in_place = has_host_view<D>;
+  // Every chunk of every tensor, in file order. Blocks of columns (boxes) are gathered from host
+  // memory by the workers, so only a DevicePolicy with a host view gets them.
   struct chunk_job {
     std::size_t tensor;
     chunk_slice slice;
     std::uint8_t codec;
   };
+  auto cut = settings.chunks;
+  cut.boxes = in_place;
   std::vector<chunk_job> jobs;
-  std::uint64_t largest = 0;
+  std::uint64_t largest = 0, largest_box = 0;
   bool any_encoded = false;
   for (std::size_t ti = 0; ti < tensors.size(); ++ti) {
     const auto& t = tensors[ti];
@@ -94,19 +99,19 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
     const auto id = codec_id_for(codec, t.ref);
     any_encoded |= id != 0;
-    for (auto& c : split_into_chunks(t.ref.shape(), size_of(t.ref.type()), settings.chunk_bytes)) {
+    for (auto& c : chunks_of(t.ref.shape(), t.ref.global_shape(), size_of(t.ref.type()), cut)) {
       largest = std::max(largest, c.bytes);
+      if (!c.contiguous) largest_box = std::max(largest_box, c.bytes);
       jobs.push_back({ti, std::move(c), id});
     }
   }
-  // Raw chunks of host tensors need no buffer at all: they are hashed and written in place.
-  constexpr bool in_place = has_host_view<D>;
-  const std::uint64_t per_slot = (in_place ? 0 : largest) + (any_encoded ? codec.max_encoded_size(largest) : 0);
+  const std::uint64_t per_slot = (in_place ? largest_box : largest) + (any_encoded ? codec.max_encoded_size(largest) : 0);
   const unsigned workers = worker_count(settings.threads);
   const std::size_t slots = per_slot == 0 ? 2 * std::size_t{workers} + 2
                                           : static_cast<std::size_t>(std::clamp<std::uint64_t>(settings.buffer_bytes / per_slot, 1, 64));
   struct slot {
     staging_buffer<D> staging;  // pinned memory when the DevicePolicy lends it
+    std::vector<std::byte> gathered;  // a box of a host tensor, gathered by a worker
     std::vector<std::byte> encoded;
     std::span<const std::byte> plain, stored;
     std::uint64_t hash = 0;
@@ -130,15 +135,23 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         const auto& j = jobs[i];
         const auto& ref = tensors[j.tensor].ref;
         if constexpr (in_place) {
-          ring[s].plain = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
+          if (j.slice.contiguous) ring[s].plain = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
         } else {
           ring[s].staging.resize_without_borrowing(static_cast<std::size_t>(j.slice.bytes));
           device.to_host(ref, j.slice.byte_offset, ring[s].staging.span());
           ring[s].plain = ring[s].staging.span();
         }
       },
-      [&](std::size_t i, std::size_t s) {  // encode and hash, on a worker
+      [&](std::size_t i, std::size_t s) {  // gather, encode and hash, on a worker
         auto& sl = ring[s];
+        if constexpr (in_place) {
+          if (const auto& j = jobs[i]; !j.slice.contiguous) {
+            const auto& ref = tensors[j.tensor].ref;
+            sl.gathered.resize(static_cast<std::size_t>(j.slice.bytes));
+            gather_box(device.host_view(ref), ref.shape(), j.slice, size_of(ref.type()), sl.gathered.data());
+            sl.plain = sl.gathered;
+          }
+        }
         sl.stored = sl.plain;
         if (jobs[i].codec != 0) {
           sl.encoded.resize(codec.max_encoded_size(sl.plain.size()));

@@ -31,7 +31,7 @@ class snapshot_buffers {
       ++k;
       buf.resize(static_cast<std::size_t>(t.ref.nbytes()), owner);
       if (remote) {
-        for (const auto& r : transfer_ranges(t.ref, plan.transfer_chunk))
+        for (const auto& r : transfer_ranges(t.ref, plan.transfers))
           via.to_host(t.ref, r.offset, buf.span().subspan(static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.bytes)));
       } else if (t.ref.where().type == device::kind::host) {
         if (!buf.empty()) std::memcpy(buf.data(), t.ref.data(), buf.size());

@@ -32,11 +32,13 @@ struct byte_range {
   std::uint64_t bytes = 0;
 };
 
-/// The transfers a tensor's bytes move in at save: the chunks write_shard splits it into, so
-/// rank 0 writes each chunk as it arrives and holds no more than the pipeline's buffers.
-inline std::vector<byte_range> transfer_ranges(const tensor_ref& t, std::uint64_t chunk_bytes) {
+/// The transfers a tensor's bytes move in at save: the chunks write_shard splits it into (byte
+/// ranges: rank 0's receiving device has no host view, so write_shard makes no boxes), so rank 0
+/// writes each chunk as it arrives and holds no more than the pipeline's buffers.
+inline std::vector<byte_range> transfer_ranges(const tensor_ref& t, chunking how) {
+  how.boxes = false;
   std::vector<byte_range> out;
-  for (const auto& c : split_into_chunks(t.shape(), size_of(t.type()), chunk_bytes))
+  for (const auto& c : chunks_of(t.shape(), t.global_shape(), size_of(t.type()), how))
     if (c.bytes) out.push_back({c.byte_offset, c.bytes});
   return out;
 }
@@ -56,12 +58,12 @@ bool transport_moves(const Comm& comm, const tensor_ref& t) {
 /// by zeros, and so is every chunk after it; then the first error is thrown, and the save fails
 /// on every rank with nothing committed.
 template <class Comm, class Dev>
-void send_to_root(Comm& comm, const std::vector<stored_tensor>& tensors, std::uint64_t chunk_bytes, Dev& device) {
+void send_to_root(Comm& comm, const std::vector<stored_tensor>& tensors, const chunking& how, Dev& device) {
   std::exception_ptr failure;
   std::vector<std::byte> staged;
   for (const auto& t : tensors) {
     const bool direct = transport_moves(comm, t.ref);
-    for (const auto& r : transfer_ranges(t.ref, chunk_bytes)) {
+    for (const auto& r : transfer_ranges(t.ref, how)) {
       if (!failure) {
         try {
           if (direct) {
@@ -96,12 +98,12 @@ template <class Dev, class Comm>
 class receiving_device {
  public:
   receiving_device(Dev& local, Comm& comm, const std::vector<stored_tensor>& tensors, const std::vector<int>& source,
-                   std::uint64_t chunk_bytes)
+                   const chunking& how)
       : local_(local), comm_(comm) {
     for (std::size_t i = 0; i < tensors.size() && i < source.size(); ++i) {
       if (source[i] < 0) continue;
       remote_.emplace(&tensors[i].ref, i);
-      for (const auto& r : transfer_ranges(tensors[i].ref, chunk_bytes)) expected_.push_back({&tensors[i].ref, source[i], r});
+      for (const auto& r : transfer_ranges(tensors[i].ref, how)) expected_.push_back({&tensors[i].ref, source[i], r});
     }
   }
 

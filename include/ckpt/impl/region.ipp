@@ -46,4 +46,64 @@ CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::
   }
 }
 
+CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem,
+                                             const chunking& how) {
+  const std::size_t n = shape.size();
+  std::uint64_t total = elem;
+  for (auto e : shape) total *= e;
+  const auto plain = [&] { return split_into_chunks(shape, elem, how.chunk_bytes); };
+  if (how.reshard_blocks <= 1 || n == 0 || total == 0 || global_shape.size() != n) return plain();
+  // The dimensions the slice is split on, among those it holds more than one index of.
+  std::vector<std::size_t> dims;
+  for (std::size_t d = 0; d < n; ++d)
+    if (shape[d] < global_shape[d] && shape[d] > 1) dims.push_back(d);
+  if (dims.empty()) return plain();
+  if (!how.boxes) {
+    // Blocks stay byte ranges only along the outermost dimension of more than one index.
+    std::size_t outer = 0;
+    while (shape[outer] <= 1) ++outer;
+    if (dims.front() != outer) return plain();
+    dims.resize(1);
+  }
+  std::vector<std::uint64_t> count(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i) count[i] = std::min<std::uint64_t>(how.reshard_blocks, shape[dims[i]]);
+  for (;;) {  // fewer blocks along the dimension with the most, until a block is large enough
+    std::uint64_t cells = 1;
+    for (auto c : count) cells *= c;
+    if (cells == 1) return plain();
+    if (total / cells >= min_reshard_block_bytes) break;
+    auto& most = *std::max_element(count.begin(), count.end());
+    most = std::max<std::uint64_t>(1, most / 2);
+  }
+  std::vector<std::uint64_t> width(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i) width[i] = (shape[dims[i]] + count[i] - 1) / count[i];
+  shape_t stride(n, elem);  // bytes of one index step along each dimension
+  for (std::size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
+
+  std::vector<chunk_slice> out;
+  std::vector<std::uint64_t> at(dims.size(), 0);  // the block's first index along each blocked dimension
+  for (;;) {
+    shape_t cell_offset(n, 0), cell_shape = shape;
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      cell_offset[dims[i]] = at[i];
+      cell_shape[dims[i]] = std::min(width[i], shape[dims[i]] - at[i]);
+    }
+    for (auto& c : split_into_chunks(cell_shape, elem, how.chunk_bytes)) {
+      for (std::size_t d = 0; d < n; ++d) c.offset[d] += cell_offset[d];
+      c.byte_offset = 0;
+      for (std::size_t d = 0; d < n; ++d) c.byte_offset += c.offset[d] * stride[d];
+      c.contiguous = box_is_contiguous(c.shape, shape);
+      out.push_back(std::move(c));
+    }
+    std::size_t i = dims.size();
+    for (;;) {
+      if (i == 0) return out;
+      --i;
+      at[i] += width[i];
+      if (at[i] < shape[dims[i]]) break;
+      at[i] = 0;
+    }
+  }
+}
+
 }  // namespace ckpt::detail
