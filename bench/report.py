@@ -98,7 +98,7 @@ def measure_ckpt(a, b):
     res["many_tensors"] = figures(run([f"{b}/many_tensors_io", "--dir", a.dir, "--runs", runs]))
     # Issue 24, point 4: bytes read / bytes needed per rank, tp 4 -> 3 and 4 -> 2 x dp 2
     # (deterministic: one run), at the default chunk size and at 256 KiB.
-    res["reshard"] = figures(run([f"{b}/reshard_reads", "--dir", a.dir + "/reshard", "--chunk-kib", "4096,256"]))
+    res["reshard"] = figures(run([f"{b}/reshard_reads", "--dir", a.dir + "/reshard", "--chunk-kib", "4096", "--blocks", "16,1"]))
     res["rss_raw"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "raw"]))
     res["rss_bg"] = figures(run([f"{b}/save_load", "--dir", a.dir, "--rss", str(a.rss_gib), "--codec", "zstd_bytegroup"]))
 
@@ -205,12 +205,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("cold load of the same / one tensor's", "≤ 1.1", 1.1, False, res["many_tensors"]["many_tensors_load_ratio"], "bf16"),
         ("save of the 100,000 names alone / the save", "≤ 0.05", 0.05, False,
          res["many_tensors"]["many_tensors_names_share"], "bf16"),
-        ("resharded load tp 4 -> 3: bytes read / needed, worst rank (4 MiB chunks)", "≤ 1.1", 1.1, False,
-         res["reshard"]["reshard_worst_fc1_by_rows_tp3_4096kib"], "rows split"),
-        ("", "", 1.1, False, res["reshard"]["reshard_worst_fc2_by_cols_tp3_4096kib"], "columns split"),
+        ("resharded load tp 4 -> 3: bytes read / needed, worst rank (default chunks and blocks)", "≤ 1.1", 1.1, False,
+         res["reshard"]["reshard_worst_fc1_by_rows_tp3_4096kib_16blocks"], "rows split"),
+        ("", "", 1.1, False, res["reshard"]["reshard_worst_fc2_by_cols_tp3_4096kib_16blocks"], "columns split"),
         ("resharded load tp 4 -> 2 x dp 2: the same", "≤ 1.1", 1.1, False,
-         res["reshard"]["reshard_worst_fc1_by_rows_tp2xdp2_4096kib"], "rows split"),
-        ("", "", 1.1, False, res["reshard"]["reshard_worst_fc2_by_cols_tp2xdp2_4096kib"], "columns split"),
+         res["reshard"]["reshard_worst_fc1_by_rows_tp2xdp2_4096kib_16blocks"], "rows split"),
+        ("", "", 1.1, False, res["reshard"]["reshard_worst_fc2_by_cols_tp2xdp2_4096kib_16blocks"], "columns split"),
         (f"extra peak RSS of a sync save of {a.rss_gib:g} GiB (MiB)", "≤ 300", 300, False,
          res["rss_raw"]["extra_peak_rss_mib"], "fp32, raw"),
         ("", "", 300, False, res["rss_bg"]["extra_peak_rss_mib"], "fp32, zstd_bytegroup"),
@@ -466,16 +466,18 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w("")
     rs = res["reshard"]
     w("## Resharded loads: bytes read against bytes needed\n")
-    w("`build/bench/reshard_reads --chunk-kib 4096,256` (report.py passes `--dir`): Megatron's MLP, 4 layers of "
-      "fc1 [4096, 1024] split by rows and fc2 [1024, 4096] split by columns, fp32, saved at tp 4 and loaded at "
-      "tp 3 and at tp 2 x dp 2 (ranks are threads); the worst rank's bytes read / bytes it needs. A chunk is the "
-      "unit of verification, so a rank reads in full every chunk its slice overlaps.\n")
-    w("| weights | chunk | tp 4 -> 3 | tp 4 -> 2 x dp 2 |")
+    w("`build/bench/reshard_reads --chunk-kib 4096 --blocks 16,1` (report.py passes `--dir`): Megatron's MLP, 4 "
+      "layers of fc1 [4096, 1024] split by rows and fc2 [1024, 4096] split by columns, fp32, saved at tp 4 and "
+      "loaded at tp 3 and at tp 2 x dp 2 (ranks are threads; every element checked); the worst rank's bytes read / "
+      "bytes it needs, shard file checks included. A chunk is the unit of verification, so a rank reads in full "
+      "every chunk its slice overlaps; `reshard_blocks` (16 by default, 1: off) cuts each saved slice into blocks "
+      "along its split dimension, a block of columns stored contiguously.\n")
+    w("| weights | blocks per slice | tp 4 -> 3 | tp 4 -> 2 x dp 2 |")
     w("|---|---:|---:|---:|")
     for kind, label in (("fc1_by_rows", "fc1, split by rows"), ("fc2_by_cols", "fc2, split by columns")):
-        for kib in (4096, 256):
-            w(f"| {label} | {kib} KiB | {med(rs, f'reshard_worst_{kind}_tp3_{kib}kib'):.3f} | "
-              f"{med(rs, f'reshard_worst_{kind}_tp2xdp2_{kib}kib'):.3f} |")
+        for blocks in (16, 1):
+            w(f"| {label} | {blocks} | {med(rs, f'reshard_worst_{kind}_tp3_4096kib_{blocks}blocks'):.3f} | "
+              f"{med(rs, f'reshard_worst_{kind}_tp2xdp2_4096kib_{blocks}blocks'):.3f} |")
     w("")
     w("## Save and load against the disk, back to back\n")
     w("`build/bench/save_load --workload fp32|bf16_adam --gib 1 --runs 5` (report.py passes `--dir`).\n")

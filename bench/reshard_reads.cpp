@@ -6,13 +6,18 @@
 // split by columns, so each slice is a strided part of every row), fp32. It is saved at tp 4
 // (ranks are threads of one process, ckpt::in_process) and loaded at tp 3 and at tp 2 x dp 2;
 // every loaded element is checked. A chunk is the unit of verification, so a rank reads every
-// chunk its slice overlaps in full: the figure depends on the chunk size, which is swept.
+// chunk its slice overlaps in full: the figure depends on the chunk size and on the blocks a
+// slice is cut into along its split dimension (checkpointer_options::reshard_blocks; 1: none),
+// which are swept.
 //
-//   reshard_reads [--hidden 1024] [--layers 4] [--chunk-kib 4096,1024,256] [--dir DIR]
+//   reshard_reads [--hidden 1024] [--layers 4] [--chunk-kib 4096,1024,256] [--blocks 16,1] [--time-runs 3] [--dir DIR]
 //
-// Prints one row per weight, chunk size, layout and rank (and one for all ranks): bytes
+// Prints one row per weight, blocks, chunk size, layout and rank (and one for all ranks): bytes
 // needed, bytes read (shard file checks included), read / needed; then the worst rank's ratio as
-// `reshard_worst_<weights>_<layout>_<chunk>kib <ratio>`.
+// `reshard_worst_<weights>_<layout>_<chunk>kib_<blocks>blocks <ratio>`. Before those, what the
+// blocks cost where nothing is resharded: the median wall time of the save at tp 4 and of a load
+// at tp 4, over --time-runs runs (`reshard_same_layout_<weights>_<chunk>kib_<blocks>blocks_save_s`
+// and `_load_s`).
 
 #include <ckpt/ckpt.hpp>
 #include <ckpt/in_process.hpp>
@@ -20,6 +25,7 @@
 #include "../tests/on_ranks.hpp"  // ranks as threads
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -96,12 +102,21 @@ std::vector<std::uint64_t> numbers(const std::string& list) {
 }
 
 using cp_t = ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::posix>;
+using clock = std::chrono::steady_clock;
+
+double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::uint64_t hidden = 1024, layers = 4;
-  std::vector<std::uint64_t> chunks_kib{4096, 1024, 256};
+  std::vector<std::uint64_t> chunks_kib{4096, 1024, 256}, blocks{16, 1};
+  unsigned time_runs = 3;
   fs::path dir = fs::temp_directory_path() / "ckpt_reshard_reads";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -112,28 +127,51 @@ int main(int argc, char** argv) try {
     if (a == "--hidden") hidden = std::stoull(next());
     else if (a == "--layers") layers = std::stoull(next());
     else if (a == "--chunk-kib") chunks_kib = numbers(next());
+    else if (a == "--blocks") blocks = numbers(next());
+    else if (a == "--time-runs") time_runs = static_cast<unsigned>(std::stoul(next()));
     else if (a == "--dir") dir = next();
     else throw std::invalid_argument("unknown option " + a);
   }
-  if (hidden == 0 || layers == 0 || chunks_kib.empty() ||
-      std::any_of(chunks_kib.begin(), chunks_kib.end(), [](std::uint64_t k) { return k == 0; }))
-    throw std::invalid_argument("--hidden, --layers and every --chunk-kib must be positive");
+  const auto zero = [](std::uint64_t k) { return k == 0; };
+  if (hidden == 0 || layers == 0 || time_runs == 0 || chunks_kib.empty() || blocks.empty() || std::any_of(chunks_kib.begin(), chunks_kib.end(), zero) ||
+      std::any_of(blocks.begin(), blocks.end(), zero))
+    throw std::invalid_argument("--hidden, --layers, --time-runs, every --chunk-kib and every --blocks must be positive");
   std::printf("model: %llu layers of fc1 [%llu, %llu] (split by rows) and fc2 [%llu, %llu] (split by columns), fp32, saved at tp 4\n",
               static_cast<unsigned long long>(layers), static_cast<unsigned long long>(4 * hidden),
               static_cast<unsigned long long>(hidden), static_cast<unsigned long long>(hidden),
               static_cast<unsigned long long>(4 * hidden));
-  std::printf("%-14s %-10s %-10s %-5s %14s %14s %12s\n", "weights", "chunk_KiB", "loaded_at", "rank", "bytes_needed", "bytes_read",
-              "read/needed");
+  std::printf("%-14s %-7s %-10s %-10s %-5s %14s %14s %12s\n", "weights", "blocks", "chunk_KiB", "loaded_at", "rank", "bytes_needed",
+              "bytes_read", "read/needed");
   for (const bool by_columns : {false, true}) {
     const char* kind = by_columns ? "fc2_by_cols" : "fc1_by_rows";
+    for (const auto b : blocks)
     for (const auto kib : chunks_kib) {
-      fs::remove_all(dir);
-      const ckpt::checkpointer_options opts{.chunk_bytes = kib << 10};
-      on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
-        cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
-        mlp_slice m(hidden, layers, 4, r, by_columns, true);
-        cp.save(1, m);
-      });
+      const ckpt::checkpointer_options opts{.chunk_bytes = kib << 10, .reshard_blocks = static_cast<std::uint32_t>(b)};
+      // What the blocks cost where nothing is resharded: the save, and a load at the same layout
+      // (blocks of columns are gathered at save and scattered back at load), medians of runs.
+      std::vector<double> saves, loads;
+      for (unsigned run = 0; run < time_runs; ++run) {
+        fs::remove_all(dir);
+        const auto t0 = clock::now();
+        on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+          cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
+          mlp_slice m(hidden, layers, 4, r, by_columns, true);
+          cp.save(1, m);
+        });
+        const auto t1 = clock::now();
+        on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+          cp_t cp{{.tp = 4, .comm = comm}, dir, opts};
+          mlp_slice m(hidden, layers, 4, r, by_columns, false);
+          cp.load(m);
+          if (m.wrong() != 0) throw std::runtime_error(std::to_string(m.wrong()) + " tensors loaded wrong at the saved layout");
+        });
+        saves.push_back(seconds(t1 - t0));
+        loads.push_back(seconds(clock::now() - t1));
+      }
+      std::printf("reshard_same_layout_%s_%llukib_%llublocks_save_s %.4f\n", kind, static_cast<unsigned long long>(kib),
+                  static_cast<unsigned long long>(b), median(saves));
+      std::printf("reshard_same_layout_%s_%llukib_%llublocks_load_s %.4f\n", kind, static_cast<unsigned long long>(kib),
+                  static_cast<unsigned long long>(b), median(loads));
       for (const layout l : {layout{3, 1}, layout{2, 2}}) {
         std::vector<std::uint64_t> needed(l.tp * l.dp), read(l.tp * l.dp);
         on_ranks(l.tp * l.dp, [&](ckpt::in_process comm, std::uint32_t r) {
@@ -151,15 +189,18 @@ int main(int argc, char** argv) try {
           all_needed += needed[r];
           all_read += read[r];
           worst = std::max(worst, static_cast<double>(read[r]) / static_cast<double>(needed[r]));
-          std::printf("%-14s %-10llu %-10s %-5u %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), r,
+          std::printf("%-14s %-7llu %-10llu %-10s %-5u %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(b),
+                      static_cast<unsigned long long>(kib), name.c_str(), r,
                       static_cast<unsigned long long>(needed[r]), static_cast<unsigned long long>(read[r]),
                       static_cast<double>(read[r]) / static_cast<double>(needed[r]));
         }
-        std::printf("%-14s %-10llu %-10s %-5s %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(kib), name.c_str(), "all",
+        std::printf("%-14s %-7llu %-10llu %-10s %-5s %14llu %14llu %12.3f\n", kind, static_cast<unsigned long long>(b),
+                    static_cast<unsigned long long>(kib), name.c_str(), "all",
                     static_cast<unsigned long long>(all_needed), static_cast<unsigned long long>(all_read),
                     static_cast<double>(all_read) / static_cast<double>(all_needed));
         // For bench/report.py: the worst rank's read / needed, as a "name value" line.
-        std::printf("reshard_worst_%s_%s_%llukib %.4f\n", kind, name.c_str(), static_cast<unsigned long long>(kib), worst);
+        std::printf("reshard_worst_%s_%s_%llukib_%llublocks %.4f\n", kind, name.c_str(), static_cast<unsigned long long>(kib),
+                    static_cast<unsigned long long>(b), worst);
       }
     }
   }
