@@ -64,8 +64,11 @@ std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
 ///
 /// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
 /// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
-/// parallel, and one thread appends them to the file in order. The buffers in flight never
-/// exceed `settings.buffer_bytes` (but there is always at least one chunk's worth).
+/// parallel, and one thread appends them to the file in order. Small chunks that follow each
+/// other travel together, as one item of up to a chunk's worth of bytes: a state of 100,000
+/// small tensors would otherwise spend most of its save handing chunks between threads. The
+/// buffers in flight never exceed `settings.buffer_bytes` (but there is always at least one
+/// item's worth).
 template <class S, class C, class D>
 written_shard write_shard(S& storage, const std::string& tag, const std::string& path, std::uint32_t rank,
                           const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values,
@@ -87,8 +90,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   auto cut = settings.chunks;
   cut.boxes = in_place;
   std::vector<chunk_job> jobs;
-  std::uint64_t largest = 0, largest_box = 0;
-  bool any_encoded = false;
+  std::uint64_t largest = 0;
   for (std::size_t ti = 0; ti < tensors.size(); ++ti) {
     const auto& t = tensors[ti];
     auto& group = out.index.tensors.emplace_back();
@@ -98,27 +100,55 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     group.order = t.ref.order();
     group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
     const auto id = codec_id_for(codec, t.ref);
-    any_encoded |= id != 0;
     for (auto& c : chunks_of(t.ref.shape(), t.ref.global_shape(), size_of(t.ref.type()), cut)) {
       largest = std::max(largest, c.bytes);
-      if (!c.contiguous) largest_box = std::max(largest_box, c.bytes);
       jobs.push_back({ti, std::move(c), id});
     }
   }
-  const std::uint64_t per_slot = (in_place ? largest_box : largest) + (any_encoded ? codec.max_encoded_size(largest) : 0);
+  // The pipeline's items: runs of consecutive chunks of at most `cap` bytes (1 MiB, or a quarter
+  // of the buffer memory if less, so that several items are in flight; never less than the
+  // largest chunk), each with the buffer space it needs: staged bytes (device tensors), gathered
+  // bytes (boxes), encoded bytes.
+  struct item {
+    std::size_t first, last;  // jobs [first, last)
+    std::uint64_t bytes = 0, staged = 0, gathered = 0, encoded = 0;
+  };
+  constexpr std::size_t most_per_item = 1024;
+  const std::uint64_t cap = std::max(largest, std::min(std::uint64_t{1} << 20, settings.buffer_bytes / 4));
+  std::vector<item> items;
+  std::uint64_t most_staged = 0, most_gathered = 0, most_encoded = 0;
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    const auto& j = jobs[k];
+    const std::uint64_t bytes = j.slice.bytes;
+    if (items.empty() || items.back().last - items.back().first == most_per_item || items.back().bytes + bytes > cap)
+      items.push_back({k, k});
+    auto& it = items.back();
+    it.last = k + 1;
+    it.bytes += bytes;
+    if constexpr (in_place) {
+      if (!j.slice.contiguous) it.gathered += bytes;
+    } else {
+      it.staged += bytes;
+    }
+    if (j.codec != 0) it.encoded += codec.max_encoded_size(bytes);
+    most_staged = std::max(most_staged, it.staged);
+    most_gathered = std::max(most_gathered, it.gathered);
+    most_encoded = std::max(most_encoded, it.encoded);
+  }
+  const std::uint64_t per_slot = most_staged + most_gathered + most_encoded;
   const unsigned workers = worker_count(settings.threads);
   const std::size_t slots = per_slot == 0 ? 2 * std::size_t{workers} + 2
                                           : static_cast<std::size_t>(std::clamp<std::uint64_t>(settings.buffer_bytes / per_slot, 1, 64));
   struct slot {
-    staging_buffer<D> staging;  // pinned memory when the DevicePolicy lends it
-    std::vector<std::byte> gathered;  // a box of a host tensor, gathered by a worker
+    staging_buffer<D> staging;        // the item's chunks one after the other; pinned memory when the DevicePolicy lends it
+    std::vector<std::byte> gathered;  // boxes of host tensors, gathered by a worker
     std::vector<std::byte> encoded;
-    std::span<const std::byte> plain, stored;
-    std::uint64_t hash = 0;
+    std::vector<std::span<const std::byte>> plain, stored;  // per chunk of the item
+    std::vector<std::uint64_t> hash;
   };
-  std::vector<slot> ring(std::min(slots, std::max<std::size_t>(jobs.size(), 1)));
+  std::vector<slot> ring(std::min(slots, std::max<std::size_t>(items.size(), 1)));
   if constexpr (!in_place)
-    for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(largest), device);  // borrowed once, here
+    for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(most_staged), device);  // borrowed once, here
 
   auto w = storage.create(join_key(tag, path));
   {
@@ -130,54 +160,77 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   std::uint64_t pos = header_bytes;
   shape_t global_offset;
   run_pipeline(
-      jobs.size(), ring.size(), workers,
+      items.size(), ring.size(), workers,
       [&](std::size_t i, std::size_t s) {  // stage, on this thread
-        const auto& j = jobs[i];
-        const auto& ref = tensors[j.tensor].ref;
-        if constexpr (in_place) {
-          if (j.slice.contiguous) ring[s].plain = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
-        } else {
-          ring[s].staging.resize_without_borrowing(static_cast<std::size_t>(j.slice.bytes));
-          device.to_host(ref, j.slice.byte_offset, ring[s].staging.span());
-          ring[s].plain = ring[s].staging.span();
+        const auto& it = items[i];
+        auto& sl = ring[s];
+        sl.plain.resize(it.last - it.first);
+        if constexpr (!in_place) sl.staging.resize_without_borrowing(static_cast<std::size_t>(it.staged));
+        std::uint64_t at = 0;
+        for (auto k = it.first; k < it.last; ++k) {
+          const auto& j = jobs[k];
+          const auto& ref = tensors[j.tensor].ref;
+          if constexpr (in_place) {
+            if (j.slice.contiguous) sl.plain[k - it.first] = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
+          } else {
+            const auto part = sl.staging.span().subspan(at, j.slice.bytes);
+            device.to_host(ref, j.slice.byte_offset, part);
+            sl.plain[k - it.first] = part;
+            at += j.slice.bytes;
+          }
         }
       },
       [&](std::size_t i, std::size_t s) {  // gather, encode and hash, on a worker
+        const auto& it = items[i];
         auto& sl = ring[s];
-        if constexpr (in_place) {
-          if (const auto& j = jobs[i]; !j.slice.contiguous) {
-            const auto& ref = tensors[j.tensor].ref;
-            sl.gathered.resize(static_cast<std::size_t>(j.slice.bytes));
-            gather_box(device.host_view(ref), ref.shape(), j.slice, size_of(ref.type()), sl.gathered.data());
-            sl.plain = sl.gathered;
+        sl.stored.resize(it.last - it.first);
+        sl.hash.resize(it.last - it.first);
+        sl.gathered.resize(static_cast<std::size_t>(it.gathered));
+        sl.encoded.resize(static_cast<std::size_t>(it.encoded));
+        std::size_t gathered = 0, encoded = 0;
+        for (auto k = it.first; k < it.last; ++k) {
+          const auto& j = jobs[k];
+          const auto& ref = tensors[j.tensor].ref;
+          auto& plain = sl.plain[k - it.first];
+          if constexpr (in_place) {
+            if (!j.slice.contiguous) {
+              gather_box(device.host_view(ref), ref.shape(), j.slice, size_of(ref.type()), sl.gathered.data() + gathered);
+              plain = {sl.gathered.data() + gathered, static_cast<std::size_t>(j.slice.bytes)};
+              gathered += plain.size();
+            }
           }
+          auto& stored = sl.stored[k - it.first];
+          stored = plain;
+          if (j.codec != 0) {
+            const auto room = std::span(sl.encoded).subspan(encoded, codec.max_encoded_size(plain.size()));
+            std::size_t n;
+            if constexpr (encodes_with<C>)
+              n = codec.encode_with(j.codec, plain, ref.type(), room);  // the codec's per-tensor choice
+            else
+              n = codec.encode(plain, ref.type(), room);
+            stored = room.first(n);
+            encoded += room.size();
+          }
+          sl.hash[k - it.first] = xxh3(stored);
         }
-        sl.stored = sl.plain;
-        if (jobs[i].codec != 0) {
-          sl.encoded.resize(codec.max_encoded_size(sl.plain.size()));
-          const auto type = tensors[jobs[i].tensor].ref.type();
-          std::size_t n;
-          if constexpr (encodes_with<C>)
-            n = codec.encode_with(jobs[i].codec, sl.plain, type, sl.encoded);  // the codec's per-tensor choice
-          else
-            n = codec.encode(sl.plain, type, sl.encoded);
-          sl.stored = std::span<const std::byte>(sl.encoded.data(), n);
-        }
-        sl.hash = xxh3(sl.stored);
       },
       [&](std::size_t i, std::size_t s) {  // append, in order
-        const auto& j = jobs[i];
+        const auto& it = items[i];
         const auto& sl = ring[s];
-        const auto base = tensors[j.tensor].ref.global_offset();
-        global_offset.resize(base.size());
-        for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
-        out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, sl.stored.size(),
-                                                sl.hash);
-        w.write(sl.stored);
-        pos += sl.stored.size();
-        if (const auto pad = align_up(pos) - pos; pad) {
-          w.write(std::span<const std::byte>(zeros.data(), pad));
-          pos += pad;
+        for (auto k = it.first; k < it.last; ++k) {
+          const auto& j = jobs[k];
+          const auto stored = sl.stored[k - it.first];
+          const auto base = tensors[j.tensor].ref.global_offset();
+          global_offset.resize(base.size());
+          for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
+          out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, stored.size(),
+                                                  sl.hash[k - it.first]);
+          w.write(stored);
+          pos += stored.size();
+          if (const auto pad = align_up(pos) - pos; pad) {
+            w.write(std::span<const std::byte>(zeros.data(), pad));
+            pos += pad;
+          }
         }
       });
   for (const auto& v : values) {
