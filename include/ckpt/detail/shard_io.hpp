@@ -65,8 +65,9 @@ std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
 /// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
 /// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
 /// parallel, and one thread appends them to the file in order. Small chunks that follow each
-/// other travel together, as one item of up to a chunk's worth of bytes: a state of 100,000
-/// small tensors would otherwise spend most of its save handing chunks between threads. The
+/// other travel together, as one item of up to 1 MiB (never less than the largest chunk): a
+/// state of 100,000 small tensors would otherwise spend most of its save handing chunks between
+/// threads. The
 /// buffers in flight never exceed `settings.buffer_bytes` (but there is always at least one
 /// item's worth).
 template <class S, class C, class D>
