@@ -108,16 +108,16 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   }
   // The pipeline's items: runs of consecutive chunks of at most `cap` bytes (1 MiB, or a quarter
   // of the buffer memory if less, so that several items are in flight; never less than the
-  // largest chunk), each with the buffer space it needs: staged bytes (device tensors), gathered
-  // bytes (boxes), encoded bytes.
+  // largest chunk), each with the buffer space it needs besides its staged bytes (all of them,
+  // for device tensors): gathered bytes (boxes) and encoded bytes.
   struct item {
     std::size_t first, last;  // jobs [first, last)
-    std::uint64_t bytes = 0, staged = 0, gathered = 0, encoded = 0;
+    std::uint64_t bytes = 0, gathered = 0, encoded = 0;
   };
   constexpr std::size_t most_per_item = 1024;
   const std::uint64_t cap = std::max(largest, std::min(std::uint64_t{1} << 20, settings.buffer_bytes / 4));
   std::vector<item> items;
-  std::uint64_t most_staged = 0, most_gathered = 0, most_encoded = 0;
+  std::uint64_t most_bytes = 0, most_gathered = 0, most_encoded = 0;
   for (std::size_t k = 0; k < jobs.size(); ++k) {
     const auto& j = jobs[k];
     const std::uint64_t bytes = j.slice.bytes;
@@ -126,16 +126,13 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     auto& it = items.back();
     it.last = k + 1;
     it.bytes += bytes;
-    if constexpr (in_place) {
-      if (!j.slice.contiguous) it.gathered += bytes;
-    } else {
-      it.staged += bytes;
-    }
+    if (in_place && !j.slice.contiguous) it.gathered += bytes;
     if (j.codec != 0) it.encoded += codec.max_encoded_size(bytes);
-    most_staged = std::max(most_staged, it.staged);
+    most_bytes = std::max(most_bytes, it.bytes);
     most_gathered = std::max(most_gathered, it.gathered);
     most_encoded = std::max(most_encoded, it.encoded);
   }
+  const std::uint64_t most_staged = in_place ? 0 : most_bytes;  // device tensors are staged whole
   const std::uint64_t per_slot = most_staged + most_gathered + most_encoded;
   const unsigned workers = worker_count(settings.threads);
   const std::size_t slots = per_slot == 0 ? 2 * std::size_t{workers} + 2
@@ -166,7 +163,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         const auto& it = items[i];
         auto& sl = ring[s];
         sl.plain.resize(it.last - it.first);
-        if constexpr (!in_place) sl.staging.resize_without_borrowing(static_cast<std::size_t>(it.staged));
+        if constexpr (!in_place) sl.staging.resize_without_borrowing(static_cast<std::size_t>(it.bytes));
         std::uint64_t at = 0;
         for (auto k = it.first; k < it.last; ++k) {
           const auto& j = jobs[k];
