@@ -241,7 +241,9 @@ TEST_CASE("chunk columns are packed to the bytes their largest value needs, and 
     bad[widths_at + column] = width;
     const auto e = test::catch_error([&] { decode_index(std::as_bytes(std::span(bad.data(), bad.size())), "f"); });
     CHECK(e.kind() == ckpt::error_kind::corrupt);
-    CHECK(std::string(e.what()).find(words) != std::string::npos);
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(words) != std::string::npos);
   };
   expect(0, 5, "column file is 5 bytes wide, at most 4");
   expect(7, 2, "column codec is 2 bytes wide, at most 1");
@@ -330,8 +332,78 @@ TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes")
           "010002010300200c439f4e744c401519");
     const auto& file = mem.bytes("global_step200/mp_rank_00/model_optim_rng.ckpt");
     CHECK(file.size() == 12540);
-    CHECK(mem.bytes("global_step200/metadata.json").size() == 1457);
+    // Byte for byte what format v1 has always written (cereal's JSON archive wrote it until
+    // ckpt wrote it with rapidjson directly; docs/format.md section 12 shows it).
+    const auto& md = mem.bytes("global_step200/metadata.json");
+    CHECK(md.size() == 1457);
+    CHECK(to_hex(xxh3(std::span<const std::byte>(md))) == "b73d932be8f8052a");
   }
+}
+
+namespace {
+/// A metadata.json envelope around `doc`, with its checksum right, so only the JSON is wrong.
+std::string envelope(const std::string& doc) {
+  return std::string(envelope_head) + to_hex(xxh3(doc)) + std::string(envelope_mid) + doc + std::string(envelope_tail);
+}
+}  // namespace
+
+TEST_CASE("metadata.json is read by member name, and a wrong member is corrupt, naming it") {
+  metadata md;
+  md.tag = "global_step3";
+  md.iteration = 3;
+  md.config.set("lr", "0.1");
+  md.files.push_back({"mp_rank_00/model_optim_rng.ckpt", 0, 8192, 0x0123456789abcdefu});
+  tensor_meta t;
+  t.name = "w";
+  t.type = ckpt::dtype::bf16;
+  t.shape = {4, 5};
+  t.order = ckpt::layout::column_major;
+  md.tensors.push_back(t);
+  md.values.push_back({"step", 0, 0, 4096, 9, 42});
+  const auto text = encode_metadata(md);
+  const auto back = decode_metadata(text, "m.json");
+  CHECK(encode_metadata(back) == text);
+  CHECK(back.tensors.at(0).order == ckpt::layout::column_major);
+  CHECK(back.tensors.at(0).shape == ckpt::shape_t{4, 5});
+  CHECK(*back.config.find("lr") == "0.1");
+  CHECK(back.files.at(0).index_xxh3 == 0x0123456789abcdefu);
+
+  const std::string doc(text.substr(envelope_head.size() + 16 + envelope_mid.size(),
+                                    text.size() - envelope_head.size() - 16 - envelope_mid.size() - envelope_tail.size()));
+  const auto replaced = [](std::string d, const std::string& from, const std::string& to) {
+    const auto at = d.find(from);
+    REQUIRE(at != std::string::npos);
+    return d.replace(at, from.size(), to);
+  };
+  const auto edited = [&](const std::string& from, const std::string& to) { return envelope(replaced(doc, from, to)); };
+  const auto corrupt_with = [&](const std::string& bad, const std::string& words) {
+    CAPTURE(words);
+    const auto e = test::catch_error([&] { (void)decode_metadata(bad, "m.json"); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(std::string(e.what()).starts_with("m.json: "));
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(words) != std::string::npos);
+  };
+  // Members in another order, and members ckpt does not know, read as before.
+  const auto moved = replaced(replaced(doc, "\"name\": \"w\",", "\"future\": [1, {}],"), "\"chunks\": 0",
+                              "\"chunks\": 0, \"name\": \"w\"");
+  CHECK(decode_metadata(envelope(moved), "m.json").tensors.at(0).name == "w");
+
+  corrupt_with(edited("\"iteration\": 3", "\"iteration\": -3"), "\"iteration\" that is not an unsigned 64-bit integer");
+  corrupt_with(edited("\"rank\": 0,\n                \"size\"", "\"rank\": 4294967296,\n                \"size\""),
+               "file #0 has a \"rank\" that is not an unsigned 32-bit integer");
+  corrupt_with(edited("\"dtype\": \"bf16\"", "\"dtype\": 16"), "tensor #0 ('w') has a \"dtype\" that is not a string");
+  corrupt_with(edited("\"dtype\": \"bf16\"", "\"dtype\": \"bf17\""), "unknown dtype 'bf17' of tensor 'w'");
+  corrupt_with(edited("\"chunks\": 0", "\"chunk\": 0"), "tensor #0 ('w') has no \"chunks\"");
+  corrupt_with(edited("\"layout\": \"column_major\"", "\"layout\": \"diagonal\""), "unknown layout 'diagonal' of tensor 'w'");
+  corrupt_with(edited("\"lr\": \"0.1\"", "\"lr\": 0.1"), "the config has a value of 'lr' that is not a string");
+  corrupt_with(edited("\"tensors\": [", "\"tensors\": {\"x\": ["), "malformed JSON");
+  corrupt_with(edited("\"values\": [", "\"values\": 7, \"v\": ["), "\"ckpt\" has a \"values\" that is not an array");
+  corrupt_with(edited("\"xxh3\": \"000000000000002a\"", "\"xxh3\": \"00000000000000zz\""), "bad checksum text of value 'step'");
+  corrupt_with(envelope("[1, 2]"), "the document is not a JSON object");
+  corrupt_with(envelope("{\"ckpt\": {}}"), "\"ckpt\" has no \"format_version\"");
+  corrupt_with(envelope("{\"ckpt\": 1}"), "\"ckpt\" is not a JSON object");
 }
 
 TEST_CASE("the checksum is XXH3-64 exactly, whichever vector unit computes it") {

@@ -16,13 +16,6 @@
 #include <cereal/types/map.hpp>
 #include <cereal/types/string.hpp>
 
-// Named for config's own JSON form, defined only where metadata.json is read and written
-// (impl/metadata.ipp).
-namespace cereal {
-class JSONInputArchive;
-class JSONOutputArchive;
-}  // namespace cereal
-
 namespace ckpt {
 
 /// One config value, kept as text so any engine's arguments fit: integers in decimal, floating
@@ -73,28 +66,12 @@ class config {
   bool empty() const noexcept { return entries_.empty(); }
   friend bool operator==(const config&, const config&) = default;
 
-  // In metadata.json the config is a plain JSON object {"key": "value", ...}; other archives
-  // store the map as cereal does.
+  // metadata.json holds the config as a plain JSON object {"key": "value", ...} (impl/metadata.ipp).
+  // Through cereal (a config kept as a checkpoint value, `v.value("args", cfg)`) it is the map, as
+  // cereal stores one.
   template <class A>
-  void save(A& ar) const {
-    if constexpr (std::is_same_v<A, cereal::JSONOutputArchive>) {
-      for (const auto& [k, v] : entries_) ar(cereal::make_nvp(k.c_str(), v));
-    } else {
-      ar(entries_);
-    }
-  }
-  template <class A>
-  void load(A& ar) {
-    entries_.clear();
-    if constexpr (std::is_same_v<A, cereal::JSONInputArchive>) {
-      while (const char* key = ar.getNodeName()) {
-        std::string k(key), v;
-        ar(v);
-        entries_[std::move(k)] = std::move(v);
-      }
-    } else {
-      ar(entries_);
-    }
+  void serialize(A& ar) {
+    ar(entries_);
   }
 
  private:

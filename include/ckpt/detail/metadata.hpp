@@ -1,9 +1,10 @@
 #pragma once
-// metadata.json: the commit marker and the global map of a tag (docs/format.md). It is cereal
-// JSON wrapped in an envelope that carries its XXH3-64, so a flipped byte anywhere in it is
-// caught before a single field is trusted:
+// metadata.json: the commit marker and the global map of a tag (docs/format.md). It is a JSON
+// document (the structures below, written and read by impl/metadata.ipp) wrapped in an envelope
+// that carries its XXH3-64, so a flipped byte anywhere in it is caught before a single field is
+// trusted:
 //
-//   {"xxh3_64": "<16 hex digits>", "metadata": <cereal JSON document>}
+//   {"xxh3_64": "<16 hex digits>", "metadata": {"ckpt": {...}}}
 //
 // The checksum covers exactly the bytes of the inner document.
 
@@ -17,10 +18,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <cereal/cereal.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
-
 #include "../config.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
@@ -32,13 +29,6 @@
 #include "keys.hpp"
 #include "span_stream.hpp"
 
-// The JSON archives are named here (tensor_meta::load peeks at the next member) but defined
-// only where metadata.json is encoded and decoded: impl/metadata.ipp.
-namespace cereal {
-class JSONInputArchive;
-class JSONOutputArchive;
-}  // namespace cereal
-
 #include "../impl/decl.hpp"
 
 namespace ckpt::detail {
@@ -48,17 +38,6 @@ struct file_meta {
   std::uint32_t rank = 0;
   std::uint64_t size = 0;
   std::uint64_t index_xxh3 = 0;
-
-  template <class A>
-  void save(A& ar) const {
-    ar(CEREAL_NVP(path), CEREAL_NVP(rank), CEREAL_NVP(size), cereal::make_nvp("index_xxh3", to_hex(index_xxh3)));
-  }
-  template <class A>
-  void load(A& ar) {
-    std::string h;
-    ar(CEREAL_NVP(path), CEREAL_NVP(rank), CEREAL_NVP(size), cereal::make_nvp("index_xxh3", h));
-    if (!from_hex(h, index_xxh3)) throw error(error_kind::corrupt, "bad index_xxh3 of file " + printable(path));
-  }
 };
 
 /// One tensor: its name, dtype and global shape in metadata.json; its chunks (columns) in
@@ -70,37 +49,6 @@ struct tensor_meta {
   layout order = layout::row_major;
   chunk_table chunks;
   std::uint64_t chunk_count = 0;  // as metadata.json states it; chunk_map.bin must agree
-
-  template <class A>
-  void save(A& ar) const {
-    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", std::string(to_string(type))), CEREAL_NVP(shape),
-       cereal::make_nvp("chunks", static_cast<std::uint64_t>(chunks.size())));
-    // Only column-major tensors carry the member: row-major ones are written as before it existed.
-    if (order == layout::column_major) ar(cereal::make_nvp("layout", std::string("column_major")));
-  }
-  template <class A>
-  void load(A& ar) {
-    std::string t;
-    ar(CEREAL_NVP(name), cereal::make_nvp("dtype", t), CEREAL_NVP(shape), cereal::make_nvp("chunks", chunk_count));
-    const auto dt = dtype_from_string(t);
-    if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(t) + " of tensor " + printable(name));
-    type = *dt;
-    order = layout::row_major;
-    // "layout" is optional: peek at the next member's name rather than search for it (cereal
-    // would throw at the end of the object).
-    if constexpr (std::is_same_v<A, cereal::JSONInputArchive>) {
-      const char* next = ar.getNodeName();
-      if (next && std::string_view(next) == "layout") {
-        std::string l;
-        ar(cereal::make_nvp("layout", l));
-        if (l == "column_major")
-          order = layout::column_major;
-        else if (l != "row_major")
-          throw error(error_kind::corrupt, "unknown layout " + printable(l) + " of tensor " + printable(name) +
-                                               " (expected \"row_major\" or \"column_major\")");
-      }
-    }
-  }
 };
 
 /// Where the chunk columns of every tensor are: a file in the tag directory, and its checksum.
@@ -108,17 +56,6 @@ struct chunk_map_meta {
   std::string path = "chunk_map.bin";
   std::uint64_t size = 0;
   std::uint64_t xxh3 = 0;
-
-  template <class A>
-  void save(A& ar) const {
-    ar(CEREAL_NVP(path), CEREAL_NVP(size), cereal::make_nvp("xxh3", to_hex(xxh3)));
-  }
-  template <class A>
-  void load(A& ar) {
-    std::string h;
-    ar(CEREAL_NVP(path), CEREAL_NVP(size), cereal::make_nvp("xxh3", h));
-    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad chunk_map checksum text " + printable(h));
-  }
 };
 
 struct value_meta {
@@ -128,19 +65,6 @@ struct value_meta {
   std::uint64_t file_offset = 0;
   std::uint64_t size = 0;
   std::uint64_t xxh3 = 0;
-
-  template <class A>
-  void save(A& ar) const {
-    ar(CEREAL_NVP(name), CEREAL_NVP(rank), CEREAL_NVP(file), CEREAL_NVP(file_offset), CEREAL_NVP(size),
-       cereal::make_nvp("xxh3", to_hex(xxh3)));
-  }
-  template <class A>
-  void load(A& ar) {
-    std::string h;
-    ar(CEREAL_NVP(name), CEREAL_NVP(rank), CEREAL_NVP(file), CEREAL_NVP(file_offset), CEREAL_NVP(size),
-       cereal::make_nvp("xxh3", h));
-    if (!from_hex(h, xxh3)) throw error(error_kind::corrupt, "bad checksum text of value " + printable(name));
-  }
 };
 
 struct metadata {
@@ -153,12 +77,6 @@ struct metadata {
   std::vector<tensor_meta> tensors;
   std::vector<value_meta> values;
   chunk_map_meta chunk_map;
-
-  template <class A>
-  void serialize(A& ar) {
-    ar(CEREAL_NVP(format_version), CEREAL_NVP(tag), CEREAL_NVP(iteration), CEREAL_NVP(topology), CEREAL_NVP(config),
-       CEREAL_NVP(files), CEREAL_NVP(tensors), CEREAL_NVP(values), CEREAL_NVP(chunk_map));
-  }
 };
 
 /// The storage key of file `f` of a tag: "<tag>/<path>".

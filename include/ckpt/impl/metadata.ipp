@@ -1,30 +1,237 @@
 #pragma once
-// The definitions of detail/metadata.hpp: metadata.json through cereal's JSON archive, chunk_map.bin, latest.
+// The definitions of detail/metadata.hpp: metadata.json (through rapidjson), chunk_map.bin, latest.
 // Header-only builds include this at the end of detail/metadata.hpp; CKPT_SEPARATE_COMPILATION builds
 // compile it once, in the translation unit that includes ckpt/impl/src.hpp.
 
-#include <cereal/archives/json.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
 #include <set>
-#include <sstream>
 #include <unordered_set>
+
+#include "../detail/json.hpp"
 
 namespace ckpt::detail {
 
-CKPT_DECL std::string encode_metadata(const metadata& md) {
-  std::ostringstream os;
-  {
-    cereal::JSONOutputArchive ar(os, cereal::JSONOutputArchive::Options::Default());
-    ar(cereal::make_nvp("ckpt", md));
+// The document is written and read with rapidjson directly. It is byte for byte what cereal's
+// JSON archive wrote for these structures (version 1 of the format was written that way: an
+// object {"ckpt": {...}}, indented by four spaces), and it is read the way cereal read it: by
+// member name, extra members ignored.
+namespace metadata_json {
+
+using writer = rj::PrettyWriter<rj::StringBuffer>;
+
+inline void string(writer& w, std::string_view s) { w.String(s.data(), static_cast<rj::SizeType>(s.size())); }
+// One member each: its name, then its value (rapidjson's Uint writes what cereal wrote for the
+// 32-bit fields, Uint64 for the 64-bit ones; the text is the same decimal either way).
+inline void u32(writer& w, const char* name, std::uint32_t v) { w.Key(name); w.Uint(v); }
+inline void u64(writer& w, const char* name, std::uint64_t v) { w.Key(name); w.Uint64(v); }
+inline void str(writer& w, std::string_view name, std::string_view v) {
+  w.Key(name.data(), static_cast<rj::SizeType>(name.size()));
+  string(w, v);
+}
+
+inline void write(writer& w, const metadata& md) {
+  w.StartObject();
+  u32(w, "format_version", md.format_version);
+  str(w, "tag", md.tag);
+  u64(w, "iteration", md.iteration);
+  w.Key("topology");
+  w.StartObject();
+  u32(w, "tp", md.topology.tp);
+  u32(w, "pp", md.topology.pp);
+  u32(w, "dp", md.topology.dp);
+  u32(w, "world", md.topology.world);
+  w.EndObject();
+  w.Key("config");
+  w.StartObject();
+  for (const auto& [k, v] : md.config.entries()) str(w, k, v);
+  w.EndObject();
+  w.Key("files");
+  w.StartArray();
+  for (const auto& f : md.files) {
+    w.StartObject();
+    str(w, "path", f.path);
+    u32(w, "rank", f.rank);
+    u64(w, "size", f.size);
+    str(w, "index_xxh3", to_hex(f.index_xxh3));
+    w.EndObject();
   }
-  const std::string doc = std::move(os).str();
+  w.EndArray();
+  w.Key("tensors");
+  w.StartArray();
+  for (const auto& t : md.tensors) {
+    w.StartObject();
+    str(w, "name", t.name);
+    str(w, "dtype", to_string(t.type));
+    w.Key("shape");
+    w.StartArray();
+    for (auto e : t.shape) w.Uint64(e);
+    w.EndArray();
+    u64(w, "chunks", t.chunks.size());
+    // Only column-major tensors carry the member: row-major ones are written as before it existed.
+    if (t.order == layout::column_major) str(w, "layout", "column_major");
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("values");
+  w.StartArray();
+  for (const auto& v : md.values) {
+    w.StartObject();
+    str(w, "name", v.name);
+    u32(w, "rank", v.rank);
+    u32(w, "file", v.file);
+    u64(w, "file_offset", v.file_offset);
+    u64(w, "size", v.size);
+    str(w, "xxh3", to_hex(v.xxh3));
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("chunk_map");
+  w.StartObject();
+  str(w, "path", md.chunk_map.path);
+  u64(w, "size", md.chunk_map.size);
+  str(w, "xxh3", to_hex(md.chunk_map.xxh3));
+  w.EndObject();
+  w.EndObject();
+}
+
+/// The fields of one JSON object, each checked for its type; errors name `what` ("tensor #3").
+struct fields {
+  const rj::Value& object;
+  std::string what;
+
+  fields(const rj::Value& o, std::string w) : object(o), what(std::move(w)) {
+    if (!object.IsObject()) fail("is not a JSON object");
+  }
+  [[noreturn]] void fail(const std::string& why) const { throw error(error_kind::corrupt, what + " " + why); }
+  const rj::Value& get(std::string_view name) const {
+    const auto* v = find_member(object, name);
+    if (!v) fail("has no \"" + std::string(name) + "\"");
+    return *v;
+  }
+  std::uint64_t u64(std::string_view name) const {
+    const auto& v = get(name);
+    if (!v.IsUint64()) fail("has a \"" + std::string(name) + "\" that is not an unsigned 64-bit integer");
+    return v.GetUint64();
+  }
+  std::uint32_t u32(std::string_view name) const {
+    const auto& v = get(name);
+    if (!v.IsUint()) fail("has a \"" + std::string(name) + "\" that is not an unsigned 32-bit integer");
+    return v.GetUint();
+  }
+  std::string str(std::string_view name) const {
+    const auto& v = get(name);
+    if (!v.IsString()) fail("has a \"" + std::string(name) + "\" that is not a string");
+    return std::string(v.GetString(), v.GetStringLength());
+  }
+  std::uint64_t hex(std::string_view name) const {
+    const auto h = str(name);
+    std::uint64_t x;
+    if (!from_hex(h, x)) fail("has a bad \"" + std::string(name) + "\" " + printable(h) + " (16 hex digits expected)");
+    return x;
+  }
+  const rj::Value& array(std::string_view name) const {
+    const auto& v = get(name);
+    if (!v.IsArray()) fail("has a \"" + std::string(name) + "\" that is not an array");
+    return v;
+  }
+};
+
+inline metadata read(const rj::Value& doc) {
+  const fields root(doc, "the document");
+  const fields m(root.get("ckpt"), "\"ckpt\"");
+  metadata md;
+  md.format_version = m.u32("format_version");
+  md.tag = m.str("tag");
+  md.iteration = m.u64("iteration");
+  const fields topo(m.get("topology"), "the topology");
+  md.topology = {topo.u32("tp"), topo.u32("pp"), topo.u32("dp"), topo.u32("world")};
+  const fields cfg(m.get("config"), "the config");
+  const auto first = cfg.object.MemberBegin();
+  for (rj::SizeType i = 0; i < cfg.object.MemberCount(); ++i) {
+    const auto& e = first[static_cast<std::ptrdiff_t>(i)];
+    const std::string key(e.name.GetString(), e.name.GetStringLength());
+    if (!e.value.IsString()) cfg.fail("has a value of " + printable(key) + " that is not a string");
+    md.config.set(key, std::string(e.value.GetString(), e.value.GetStringLength()));
+  }
+  const auto& files = m.array("files");
+  md.files.reserve(files.Size());
+  for (rj::SizeType i = 0; i < files.Size(); ++i) {
+    const fields f(files[i], "file #" + std::to_string(i));
+    auto& out = md.files.emplace_back();
+    out.path = f.str("path");
+    out.rank = f.u32("rank");
+    out.size = f.u64("size");
+    const auto h = f.str("index_xxh3");
+    if (!from_hex(h, out.index_xxh3)) throw error(error_kind::corrupt, "bad index_xxh3 of file " + printable(out.path));
+  }
+  const auto& tensors = m.array("tensors");
+  md.tensors.reserve(tensors.Size());
+  for (rj::SizeType i = 0; i < tensors.Size(); ++i) {
+    fields f(tensors[i], "tensor #" + std::to_string(i));
+    auto& t = md.tensors.emplace_back();
+    t.name = f.str("name");
+    f.what += " (" + printable(t.name) + ")";
+    const auto type = f.str("dtype");
+    const auto dt = dtype_from_string(type);
+    if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(type) + " of tensor " + printable(t.name));
+    t.type = *dt;
+    const auto& shape = f.array("shape");
+    if (shape.Size() > max_dims) f.fail("has " + std::to_string(shape.Size()) + " dimensions");
+    t.shape.resize(shape.Size());
+    for (rj::SizeType d = 0; d < shape.Size(); ++d) {
+      if (!shape[d].IsUint64()) f.fail("has a shape entry that is not an unsigned 64-bit integer");
+      t.shape[d] = shape[d].GetUint64();
+    }
+    t.chunk_count = f.u64("chunks");
+    t.order = layout::row_major;
+    if (const auto* l = find_member(f.object, "layout")) {
+      const std::string_view s = l->IsString() ? std::string_view(l->GetString(), l->GetStringLength()) : "";
+      if (s == "column_major")
+        t.order = layout::column_major;
+      else if (s != "row_major")
+        throw error(error_kind::corrupt, "unknown layout " + printable(s) + " of tensor " + printable(t.name) +
+                                             " (expected \"row_major\" or \"column_major\")");
+    }
+  }
+  const auto& values = m.array("values");
+  md.values.reserve(values.Size());
+  for (rj::SizeType i = 0; i < values.Size(); ++i) {
+    const fields f(values[i], "value #" + std::to_string(i));
+    auto& v = md.values.emplace_back();
+    v.name = f.str("name");
+    v.rank = f.u32("rank");
+    v.file = f.u32("file");
+    v.file_offset = f.u64("file_offset");
+    v.size = f.u64("size");
+    const auto h = f.str("xxh3");
+    if (!from_hex(h, v.xxh3)) throw error(error_kind::corrupt, "bad checksum text of value " + printable(v.name));
+  }
+  const fields cm(m.get("chunk_map"), "the chunk_map entry");
+  md.chunk_map.path = cm.str("path");
+  md.chunk_map.size = cm.u64("size");
+  const auto h = cm.str("xxh3");
+  if (!from_hex(h, md.chunk_map.xxh3)) throw error(error_kind::corrupt, "bad chunk_map checksum text " + printable(h));
+  return md;
+}
+
+}  // namespace metadata_json
+
+CKPT_DECL std::string encode_metadata(const metadata& md) {
+  rj::StringBuffer doc;
+  {
+    metadata_json::writer w(doc);
+    w.SetIndent(' ', 4);
+    w.StartObject();
+    w.Key("ckpt");
+    metadata_json::write(w, md);
+    w.EndObject();
+  }
+  const std::string_view text(doc.GetString(), doc.GetSize());
   std::string out;
-  out.reserve(doc.size() + 64);
+  out.reserve(text.size() + 64);
   out += envelope_head;
-  out += to_hex(xxh3(doc));
+  out += to_hex(xxh3(text));
   out += envelope_mid;
-  out += doc;
+  out += text;
   out += envelope_tail;
   return out;
 }
@@ -75,18 +282,18 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
   const auto doc = text.substr(doc_begin, text.size() - doc_begin - envelope_tail.size());
   if (xxh3(doc) != want) throw fail("checksum mismatch (stored " + to_hex(want) + ", computed " + to_hex(xxh3(doc)) + ")");
   check_json_depth(doc, file);
-  metadata md;
+  rj::Document parsed;
+  parsed.Parse(doc.data(), doc.size());
+  if (parsed.HasParseError())
+    throw fail("malformed JSON: " + rj_error_text(parsed.GetParseError()) + " at byte " + std::to_string(parsed.GetErrorOffset()) +
+               " of the document");
   try {
-    span_streambuf buf(std::as_bytes(std::span(doc.data(), doc.size())));
-    std::istream is(&buf);
-    cereal::JSONInputArchive ar(is);
-    ar(cereal::make_nvp("ckpt", md));
+    return metadata_json::read(parsed);
   } catch (const error& e) {
     throw fail(e.what());
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them
     throw fail(std::string("malformed JSON: ") + e.what());
   }
-  return md;
 }
 
 CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_tag, const std::string& file) {

@@ -39,10 +39,7 @@
 #include <utility>
 #include <vector>
 
-// The rapidjson that cereal ships (or Debian's, which cereal uses there), configured the way
-// cereal configures it, so every translation unit of a program sees one rapidjson.
-#include <cereal/archives/json.hpp>
-
+#include "../detail/json.hpp"
 #include "../detail/page_copy.hpp"
 #include "../dtype.hpp"
 #include "../error.hpp"
@@ -54,12 +51,9 @@
 namespace ckpt::interop {
 
 namespace detail {
-#if defined(CEREAL_RAPIDJSON_NAMESPACE)
-namespace rj = CEREAL_RAPIDJSON_NAMESPACE;
-#else
-namespace rj = RAPIDJSON_NAMESPACE;
-#endif
+namespace rj = ckpt::detail::rj;
 using ckpt::detail::printable;
+using ckpt::detail::rj_error_text;
 }  // namespace detail
 
 /// The longest header a reader accepts, as in the reference implementation: a bound on the
@@ -818,27 +812,6 @@ inline void st_prescan_json(std::string_view doc, const std::string& file, std::
                                              ", which is not an integer");
       i = end - 1;
     }
-  }
-}
-
-inline std::string rj_error_text(rj::ParseErrorCode code) {
-  switch (code) {
-    case rj::kParseErrorDocumentEmpty: return "the document is empty";
-    case rj::kParseErrorDocumentRootNotSingular: return "text follows the JSON value";
-    case rj::kParseErrorValueInvalid: return "invalid value";
-    case rj::kParseErrorObjectMissName: return "an object member has no name";
-    case rj::kParseErrorObjectMissColon: return "missing ':' after an object member name";
-    case rj::kParseErrorObjectMissCommaOrCurlyBracket: return "missing ',' or '}' in an object";
-    case rj::kParseErrorArrayMissCommaOrSquareBracket: return "missing ',' or ']' in an array";
-    case rj::kParseErrorStringUnicodeEscapeInvalidHex: return "bad \\u escape";
-    case rj::kParseErrorStringUnicodeSurrogateInvalid: return "bad UTF-16 surrogate in a \\u escape";
-    case rj::kParseErrorStringEscapeInvalid: return "invalid escape in a string";
-    case rj::kParseErrorStringMissQuotationMark: return "unterminated string";
-    case rj::kParseErrorStringInvalidEncoding: return "invalid encoding in a string";
-    case rj::kParseErrorNumberTooBig: return "number too big";
-    case rj::kParseErrorNumberMissFraction: return "bad fraction";
-    case rj::kParseErrorNumberMissExponent: return "bad exponent";
-    default: return "parse error " + std::to_string(static_cast<int>(code));
   }
 }
 
