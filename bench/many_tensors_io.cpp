@@ -9,7 +9,11 @@
 // embeddings share what is left (about 1/16 of the total each), as an MoE model's few large
 // tensors do.
 //
-//   bench/many_tensors_io [--dir /var/tmp] [--tensors 100000] [--gib 4] [--runs 3] [--pause 3]
+//   bench/many_tensors_io [--dir /var/tmp] [--tensors 100000] [--gib 4] [--runs 3] [--pause 3] [--names-only]
+//
+// --names-only times only the save and the (warm) load of the names, one element each, back to
+// back: what ckpt spends per tensor on its own, without the disk (run it on a tmpfs such as
+// /dev/shm).
 
 #include <ckpt/ckpt.hpp>
 
@@ -55,20 +59,49 @@ void fill(state& s) {
   }
 }
 
-state experts(std::size_t count, std::uint64_t total) {
+/// The workload; with `names_only`, the same names with one bf16 element each.
+state experts(std::size_t count, std::uint64_t total, bool names_only = false) {
   state s;
   std::mt19937_64 g(24);
   std::uniform_int_distribution<std::uint64_t> kib(8, 56);
   std::uint64_t used = 0;
   for (std::size_t i = 0; i + 4 < count; ++i) {
     const auto bytes = kib(g) * 1024;
-    add(s, "layers." + std::to_string(i / 768) + ".experts." + std::to_string(i / 3 % 256) + ".w" + std::to_string(i % 3), bytes);
+    add(s, "layers." + std::to_string(i / 768) + ".experts." + std::to_string(i / 3 % 256) + ".w" + std::to_string(i % 3),
+        names_only ? 2 : bytes);
     used += bytes;
   }
   // The embeddings take what the experts left (at least 4 KiB each).
   const auto embedding = std::max<std::uint64_t>((total > used ? total - used : 0) / 4 / 4096 * 4096, 4096);
-  for (int e = 0; e < 4; ++e) add(s, "embedding." + std::to_string(e), embedding);
+  for (int e = 0; e < 4; ++e) add(s, "embedding." + std::to_string(e), names_only ? 2 : embedding);
   return s;
+}
+
+/// Saves and loads `names` (one element each) back to back: runs 1-`runs` after a warm-up, each
+/// timed from the call to its return.
+int names_alone(const std::filesystem::path& dir, state names, int runs) {
+  fill(names);
+  const auto where = dir / ("ckpt-names-" + std::to_string(::getpid()));
+  std::vector<double> save, load;
+  for (int r = 0; r <= runs; ++r) {
+    std::filesystem::remove_all(where);
+    ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp{{}, ckpt::posix(where)};
+    auto t0 = clock_type::now();
+    cp.save(1, names);
+    const double s = since(t0);
+    t0 = clock_type::now();
+    cp.load(names);
+    const double l = since(t0);
+    const double n = static_cast<double>(names.tensors.size());
+    std::printf("run %d: names-only save %.3f s (%.2f us per tensor), load %.3f s (%.2f us per tensor)\n", r, s, s / n * 1e6, l,
+                l / n * 1e6);
+    if (r == 0) continue;
+    save.push_back(s / n * 1e6), load.push_back(l / n * 1e6);
+    std::printf("many_tensors_names_us %.6g\nmany_tensors_names_load_us %.6g\n", save.back(), load.back());
+  }
+  std::filesystem::remove_all(where);
+  std::printf("median of runs 1-%d, per tensor: names-only save %.2f us, load %.2f us\n", runs, median(save), median(load));
+  return 0;
 }
 
 }  // namespace
@@ -79,8 +112,19 @@ int main(int argc, char** argv) {
   double gib = 4;
   int runs = 3;
   unsigned pause = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
+  bool names_only = false;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--names-only") {
+      names_only = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[i + 1];
     if (a == "--dir") dir = v;
     else if (a == "--tensors") count = std::stoull(v);
     else if (a == "--gib") gib = std::stod(v);
@@ -96,10 +140,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto total = static_cast<std::uint64_t>(gib * (1u << 30)) / 4096 * 4096;
+  if (names_only) return names_alone(dir, experts(count, total, true), runs);
   auto many = experts(count, total);
-  state one, names;
+  state one, names = experts(count, total, true);
   add(one, "all", many.bytes());
-  for (const auto& t : many.tensors) add(names, t.name, 2);  // one bf16 element each
   fill(many), fill(one), fill(names);
   std::printf("tensors %zu bytes %llu (one tensor: %llu)\n", many.tensors.size(), static_cast<unsigned long long>(many.bytes()),
               static_cast<unsigned long long>(one.bytes()));
