@@ -146,6 +146,13 @@ extern "C" ssize_t pwrite(int fd, const void* buffer, size_t bytes, off_t offset
   return ::syscall(SYS_pwrite64, fd, buffer, bytes, offset);
 }
 
+// How often posix asks the kernel which pages are cached, while recording.
+std::atomic<int> mincore_calls = 0;
+extern "C" int mincore(void* address, size_t bytes, unsigned char* pages) {
+  if (recording) ++mincore_calls;
+  return static_cast<int>(::syscall(SYS_mincore, address, bytes, pages));
+}
+
 extern "C" ssize_t write(int fd, const void* buffer, size_t bytes) {
   const bool o_direct = (::fcntl(fd, F_GETFL) & O_DIRECT) != 0, refused = o_direct && refuse_o_direct;
   if (recording)
@@ -530,6 +537,17 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
   CHECK_FALSE(got[0].o_direct);
   CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(aligned_out.data()));
   CHECK(std::equal(aligned_out.begin(), aligned_out.end(), content.begin() + (1 << 20)));
+  // A cached range announced as a whole (a run of small chunks, loaded just after the save):
+  // the kernel is asked once which of its pages are cached, not once per piece.
+  r.will_read(0, std::uint64_t{2} << 20);
+  mincore_calls = 0;
+  got = record([&] {
+    for (std::uint64_t at = 0; at < (std::uint64_t{2} << 20); at += 32768) r.read(at, aligned_out.first(32768));
+  });
+  CHECK(got.size() == 64);
+  CHECK(std::none_of(got.begin(), got.end(), [](const call& c) { return c.o_direct; }));
+  CHECK(mincore_calls == 1);
+  r.will_read(0, 0);  // nothing announced: the reads below are judged on their own
 
   // Reads under 64 KiB go through the cache even when the bytes are not in it.
   REQUIRE(test::drop_from_cache(path));
