@@ -96,6 +96,9 @@ def measure_ckpt(a, b):
                                    "--rounds", str(a.runs + 1)])))
     # Issue 24, point 3: 100,000 tensors of 4 GiB against the same bytes as one tensor.
     res["many_tensors"] = figures(run([f"{b}/many_tensors_io", "--dir", a.dir, "--runs", runs]))
+    # The same names alone on a tmpfs: what ckpt spends per tensor without the disk.
+    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else a.dir
+    res["many_names"] = figures(run([f"{b}/many_tensors_io", "--names-only", "--dir", tmpfs, "--runs", runs]))
     # Issue 24, point 4: bytes read / bytes needed per rank, tp 4 -> 3 and 4 -> 2 x dp 2
     # (deterministic: one run), at the default chunk size and at 256 KiB.
     res["reshard"] = figures(run([f"{b}/reshard_reads", "--dir", a.dir + "/reshard", "--chunk-kib", "4096", "--blocks", "16,1"]))
@@ -464,6 +467,10 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       f"{med(mt, 'many_tensors_names_share'):.3f} | {med(mt, 'many_tensors_save_us'):.1f} | "
       f"{med(mt, 'many_tensors_load_us'):.1f} | {med(mt, 'many_tensors_names_us'):.1f} |")
     w("")
+    mn = res["many_names"]
+    w(f"The names alone on a tmpfs (`build/bench/many_tensors_io --names-only --dir /dev/shm --runs {a.runs}`: "
+      "saved, then loaded at once, warm; what ckpt spends per tensor without the disk), medians: save "
+      f"{med(mn, 'many_tensors_names_us'):.1f} µs per tensor, load {med(mn, 'many_tensors_names_load_us'):.1f} µs.\n")
     rs = res["reshard"]
     w("## Resharded loads: bytes read against bytes needed\n")
     w("`build/bench/reshard_reads --chunk-kib 4096 --blocks 16,1` (report.py passes `--dir`): Megatron's MLP, 4 "
