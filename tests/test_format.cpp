@@ -389,6 +389,10 @@ TEST_CASE("metadata.json is read by member name, and a wrong member is corrupt, 
   const auto moved = replaced(replaced(doc, "\"name\": \"w\",", "\"future\": [1, {}],"), "\"chunks\": 0",
                               "\"chunks\": 0, \"name\": \"w\"");
   CHECK(decode_metadata(envelope(moved), "m.json").tensors.at(0).name == "w");
+  // The layout too, which ckpt writes right after "chunks" (older readers look only there).
+  const auto layout_first = replaced(replaced(doc, ",\n                \"layout\": \"column_major\"", ""), "\"name\": \"w\",",
+                                     "\"layout\": \"column_major\", \"name\": \"w\",");
+  CHECK(decode_metadata(envelope(layout_first), "m.json").tensors.at(0).order == ckpt::layout::column_major);
 
   corrupt_with(edited("\"iteration\": 3", "\"iteration\": -3"), "\"iteration\" that is not an unsigned 64-bit integer");
   corrupt_with(edited("\"rank\": 0,\n                \"size\"", "\"rank\": 4294967296,\n                \"size\""),
