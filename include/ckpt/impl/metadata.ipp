@@ -122,12 +122,6 @@ struct fields {
     if (!v.IsString()) fail("has a \"" + std::string(name) + "\" that is not a string");
     return std::string(v.GetString(), v.GetStringLength());
   }
-  std::uint64_t hex(std::string_view name) const {
-    const auto h = str(name);
-    std::uint64_t x;
-    if (!from_hex(h, x)) fail("has a bad \"" + std::string(name) + "\" " + printable(h) + " (16 hex digits expected)");
-    return x;
-  }
   const rj::Value& array(std::string_view name) const {
     const auto& v = get(name);
     if (!v.IsArray()) fail("has a \"" + std::string(name) + "\" that is not an array");
