@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,6 +35,7 @@
 #include "names.hpp"
 #include "options.hpp"
 #include "posix.hpp"
+#include "preemption.hpp"
 #include "raw.hpp"
 #include "save_handle.hpp"
 #include "single_process.hpp"
@@ -137,6 +139,44 @@ class checkpointer {
   /// @endcode
   std::vector<std::string> prune(std::size_t keep, bool dry_run = false);
 
+  /// The storage keys of the shard files a `load(state, opts)` would read on this rank, decided
+  /// exactly as that load decides them, without reading any of them (collective). A memory tier
+  /// uses it to bring those files to a node before its ranks load.
+  template <class T>
+  std::vector<std::string> files_to_read(T& state, const load_options& opts = {}) {
+    static_assert(detail::diagnose_checkpointable<T>());
+    finish_pending(true);
+    detail::restore_context ctx;
+    const auto md = open_for_load(opts, ctx);
+    const detail::stored_index index(md);
+    load_result result;
+    visitor v;
+    const auto plan = plan_load(detail::state_ref(state), opts, md, index, ctx, v, result);
+    return detail::files_read(md, plan);
+  }
+
+  /// Whether to save at `step` (collective: every rank calls it at every step it may save):
+  /// true when `every` > 0 and `step` is a multiple of it, and true from the first call after a
+  /// preemption signal (`ckpt::preemption::install`) reached any rank, on every rank at the
+  /// same step. After that, `preempted()` is true: save, then stop.
+  ///
+  /// The ranks agree through their own copy of the policy's communicator (`ckpt::mpi`
+  /// duplicates it), made by the first call, so the agreement never meets the messages of a
+  /// save_async running in the background. That first call waits for a save_async in flight.
+  ///
+  /// @code
+  /// ckpt::preemption::install();
+  /// for (; step < steps; ++step) {
+  ///   train_step();
+  ///   if (cp.should_save(step, 1000)) cp.save(step, model);
+  ///   if (cp.preempted()) break;  // every rank leaves after the same step
+  /// }
+  /// @endcode
+  bool should_save(std::uint64_t step, std::uint64_t every = 0);
+
+  /// Whether a `should_save` found that some rank was signalled to stop.
+  bool preempted() const noexcept { return preempted_; }
+
   /// The tag `latest` names, or nothing when there is no (valid) `latest`.
   std::optional<std::string> latest() const { return tags_.latest(); }
 
@@ -150,6 +190,10 @@ class checkpointer {
   void save_state(std::uint64_t iteration, detail::state_ref state, const save_options& opts);
   save_handle save_state_async(std::uint64_t iteration, detail::state_ref state, const save_options& opts);
   load_result load_state(detail::state_ref state, const load_options& opts);
+
+  detail::restore_plan plan_load(detail::state_ref state, const load_options& opts, const detail::metadata& md,
+                                 const detail::stored_index& index, const detail::restore_context& ctx, visitor& v,
+                                 load_result& result);
 
   /// The collective first half of a save: validates the state and agrees on what each rank
   /// writes (and, for gathering policies, moves it to rank 0).
@@ -297,6 +341,10 @@ class checkpointer {
   std::thread background_;
   std::shared_ptr<detail::async_save_state> pending_;
   detail::snapshot_buffers<Device> snapshot_;  // async saves' copies of the tensors, reused
+  // should_save: the communicator copy the ranks agree through (made by its first call), and
+  // whether they agreed that a rank was signalled.
+  std::shared_ptr<void> agreement_;
+  bool preempted_ = false;
 };
 
 
@@ -315,9 +363,9 @@ checkpointer<Policy, Store, Enc, Device>::~checkpointer() {
 
 template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::save_state(std::uint64_t iteration, detail::state_ref state, const save_options& opts) {
-finish_pending(true);
-auto plan = plan_save(iteration, state, opts);
-write_and_commit(plan, device_);
+  finish_pending(true);
+  auto plan = plan_save(iteration, state, opts);
+  write_and_commit(plan, device_);
 }
 
 template <class Policy, class Store, class Enc, class Device>
@@ -355,18 +403,7 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   const detail::stored_index index(md);  // also what v.saved() answers while the state is visited
   load_result result{.tag = md.tag, .iteration = md.iteration, .config = md.config, .topology = md.topology};
   visitor v;
-  detail::collective(comm, [&] {
-    if (opts.config && opts.check_config) detail::check_config(md, *opts.config, opts.ignore_config_keys, ctx.md_name);
-    std::vector<std::string> skip = opts.skip_groups;
-    if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
-    v = visitor(skip, index);
-    state.visit(v);
-    detail::match_names(md, index, v, result);
-  });
-  detail::agree_on_unexpected(comm, result);
-  detail::restore_plan plan;
-  const auto accepts = [&](device where) { return device_.accepts(where); };
-  detail::collective(comm, [&] { plan = detail::plan_restore(md, index, v, opts, ctx, accepts, result); });
+  const auto plan = plan_load(state, opts, md, index, ctx, v, result);
   const auto read_own = [&](const detail::restore_plan& own, detail::file_verifier<Store>& verify) {
     read_restore(md, own, opts, verify, result);
   };
@@ -382,6 +419,45 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
     result.bytes_read += verify.bytes_read();
   });
   return result;
+}
+
+template <class Policy, class Store, class Enc, class Device>
+detail::restore_plan checkpointer<Policy, Store, Enc, Device>::plan_load(detail::state_ref state, const load_options& opts,
+                                                                         const detail::metadata& md,
+                                                                         const detail::stored_index& index,
+                                                                         const detail::restore_context& ctx, visitor& v,
+                                                                         load_result& result) {
+  auto& comm = policy_.communicator();
+  detail::collective(comm, [&] {
+    if (opts.config && opts.check_config) detail::check_config(md, *opts.config, opts.ignore_config_keys, ctx.md_name);
+    std::vector<std::string> skip = opts.skip_groups;
+    if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
+    v = visitor(skip, index);
+    state.visit(v);
+    detail::match_names(md, index, v, result);
+  });
+  detail::agree_on_unexpected(comm, result);
+  detail::restore_plan plan;
+  const auto accepts = [&](device where) { return device_.accepts(where); };
+  detail::collective(comm, [&] { plan = detail::plan_restore(md, index, v, opts, ctx, accepts, result); });
+  return plan;
+}
+
+template <class Policy, class Store, class Enc, class Device>
+bool checkpointer<Policy, Store, Enc, Device>::should_save(std::uint64_t step, std::uint64_t every) {
+  using comm_type = std::remove_cvref_t<decltype(policy_.communicator())>;
+  static_assert(std::is_copy_constructible_v<comm_type>,
+                "ckpt: should_save agrees through a copy of the policy's communicator; this one cannot be copied");
+  std::uint64_t signalled = preemption::requested() ? 1 : 0;
+  if (policy_.communicator().size() > 1) {
+    if (!agreement_) {
+      finish_pending(true);  // the copy is made collectively, on the policy's communicator
+      agreement_ = std::make_shared<comm_type>(policy_.communicator());
+    }
+    signalled = std::static_pointer_cast<comm_type>(agreement_)->all_reduce_max(signalled);
+  }
+  if (signalled) preempted_ = true;
+  return preempted_ || (every != 0 && step % every == 0);
 }
 
 template <class Policy, class Store, class Enc, class Device>

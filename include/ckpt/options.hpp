@@ -117,6 +117,11 @@ struct load_result {
   std::vector<std::string> skipped{};     ///< stored names left alone because their group was skipped
   std::vector<std::string> kept_live{}; ///< values left as they were (topology_change::keep_live)
   std::uint64_t bytes_read = 0;         ///< bytes read from storage
+  /// memory_tier: where the tag came from ("memory" or "durable"; empty for a plain load)
+  std::string tier{};
+  /// memory_tier: how it was put together, one line each: files a rank took from a peer's
+  /// replica, copies found lost, a memory tag that could not be restored and why
+  std::vector<std::string> recovery{};
 };
 
 }  // namespace ckpt

@@ -23,6 +23,7 @@
 #include "../visitor.hpp"
 #include "chunk_reader.hpp"
 #include "metadata.hpp"
+#include "region.hpp"
 #include "tag_store.hpp"
 
 #include "../impl/decl.hpp"
@@ -94,6 +95,26 @@ struct restore_plan {
   std::vector<tensor_load> tensors;
   std::vector<std::pair<const value_entry*, const value_meta*>> values;  // live value, stored one
 };
+
+/// The storage keys of the shard files a plan reads, each once, in the metadata's file order:
+/// the files of the chunks that overlap its tensors (as chunk_reader::load picks them) and of
+/// its values. What a memory tier must have on a node before the node's ranks load.
+inline std::vector<std::string> files_read(const metadata& md, const restore_plan& plan) {
+  std::vector<bool> used(md.files.size(), false);
+  for (const auto& w : plan.tensors) {
+    const auto& c = w.stored->chunks;
+    if (w.ref->nbytes() == 0) continue;
+    const auto offset = w.ref->global_offset();
+    const region dst{offset, w.ref->shape()};
+    for (std::size_t i = 0; i < c.size(); ++i)
+      if (c.ndim == 0 || overlaps({c.offset(i), c.shape(i)}, dst)) used[c.file[i]] = true;
+  }
+  for (const auto& [live, stored] : plan.values) used[stored->file] = true;
+  std::vector<std::string> keys;
+  for (std::uint32_t f = 0; f < used.size(); ++f)
+    if (used[f]) keys.push_back(file_key(md, f));
+  return keys;
+}
 
 /// Who is loading: what the plan checks the live state against besides the checkpoint.
 struct restore_context {
