@@ -7,11 +7,14 @@
 #include <mpi.h>
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/memory_tier.hpp>
 #include <ckpt/mpi.hpp>
+#include <ckpt/preemption.hpp>
 
 #include "../failing_storage.hpp"
 #include "world.hpp"
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -479,4 +482,108 @@ TEST_CASE("gather_to_root writes one file that loads at any layout") {
   CHECK(wrong_elements(whole) == 0);
   CHECK(r.kept_live == std::vector<std::string>{"rng", "step"});
   CHECK(whole.step == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memory tier and preemption, with real processes: the world's halves stand for two nodes,
+// each with its own memory directory (one rank per node at np=2).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+/// A rank's state: a slice of a tp-sharded weight, its moment, a per-rank RNG and the step.
+struct tier_state {
+  std::vector<double> w, m;
+  std::mt19937_64 rng;
+  std::uint64_t step = 0;
+  std::uint32_t tp = 0, world = 1;
+
+  tier_state(std::uint32_t rank, std::uint32_t tp_size, std::uint64_t seed)
+      : w(64 * 32), m(64 * 32), rng(seed * 1000 + rank), step(seed), tp(rank % tp_size), world(tp_size) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      w[i] = static_cast<double>(seed) + 0.25 * static_cast<double>(i) + tp * 1e4;
+      m[i] = -w[i];
+    }
+  }
+  template <class V>
+  void checkpoint(V& v) {
+    const ckpt::shard_spec s{.global_shape = {64 * world, 32}, .offset = {64 * tp, 0}};
+    v.tensor("w", ckpt::view(w, {64, 32}).sharded(s));
+    v.group("optimizer", [&](auto& g) { g.tensor("m", ckpt::view(m, {64, 32}).sharded(s)); });
+    v.value("rng", rng);
+    v.value("step", step);
+  }
+  bool operator==(const tier_state& o) const { return w == o.w && m == o.m && rng == o.rng && step == o.step; }
+};
+
+std::string node_name() { return world_rank() < world_size() / 2 ? "n0" : "n1"; }
+
+}  // namespace
+
+TEST_CASE("memory tier: a node is lost after save_async; its ranks recover from the other node's replicas") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  const auto tp = w >= 4 ? 2u : 1u;
+  const auto r = static_cast<std::uint32_t>(world_rank());
+  const auto node_dir = (dir.path / node_name()).string();
+  using tier_type = ckpt::memory_tier<ckpt::megatron<ckpt::mpi>>;
+  const ckpt::memory_tier_options opts{.keep = 2, .replicas = 1, .node = node_name(), .piece_bytes = 8192};
+  {
+    tier_type tier{{.tp = tp}, ckpt::posix(node_dir), opts};
+    REQUIRE(tier.node_names().size() == 2);
+    tier.save(10, tier_state(r, tp, 10));
+    auto pending = tier.save_async(20, tier_state(r, tp, 20));
+    MPI_Barrier(MPI_COMM_WORLD);  // the application's own MPI calls go on during replication
+    pending.wait();
+    CHECK(tier.last_save().bytes_sent + tier.last_save().bytes_received > 0);
+    CHECK(tier.bytes_held() > 0);
+  }
+  // Node n1 is replaced: its memory is empty.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == world_size() / 2) {
+    fs::remove_all(dir.path / "n1");
+    fs::create_directories(dir.path / "n1");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  tier_type tier{{.tp = tp}, ckpt::posix(node_dir), opts};
+  tier_state back(r, tp, 0);
+  const auto res = tier.load(back);
+  CHECK(res.tier == "memory");
+  CHECK(res.iteration == 20);
+  CHECK(back == tier_state(r, tp, 20));
+  std::string all;
+  for (const auto& line : res.recovery) all += line + "\n";
+  CAPTURE(all);
+  CHECK(all.find("was lost on node 'n1'") != std::string::npos);
+  CHECK(all.find("on node 'n0'") != std::string::npos);
+}
+
+TEST_CASE("preemption: SIGUSR1 on the last rank makes should_save true on every rank at the same step") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  ckpt::preemption::install({SIGUSR1});
+  ckpt::preemption::clear();
+  ckpt::checkpointer<ckpt::megatron<ckpt::mpi>> cp{{.tp = w}, ckpt::posix(dir.path)};
+  tier_state s(static_cast<std::uint32_t>(world_rank()), w, 1);
+  std::optional<ckpt::save_handle> pending;
+  std::uint64_t saved_at = 0;
+  for (std::uint64_t step = 1; step <= 50; ++step) {
+    if (step == 3) pending = cp.save_async(3, s);  // the agreement runs beside a background save
+    if (world_rank() == world_size() - 1 && step == 17) std::raise(SIGUSR1);
+    if (cp.should_save(step)) {
+      saved_at = step;
+      cp.save(step, s);
+    }
+    if (cp.preempted()) break;
+  }
+  if (pending) pending->wait();
+  ckpt::preemption::clear();
+  std::signal(SIGUSR1, SIG_DFL);
+  // Every rank saved at step 17: the signal arrived before the last rank's should_save of step 17.
+  CHECK(saved_at == 17);
+  std::uint64_t lo = saved_at, hi = saved_at;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi);
+  CHECK(cp.latest() == "global_step17");
 }
