@@ -587,3 +587,101 @@ TEST_CASE("preemption: SIGUSR1 on the last rank makes should_save true on every 
   CHECK(lo == hi);
   CHECK(cp.latest() == "global_step17");
 }
+
+TEST_CASE("memory tier: a flipped byte in the replica a lost node needs sends load_or to the durable tier, naming the file") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  const auto tp = w >= 4 ? 2u : 1u;
+  const auto r = static_cast<std::uint32_t>(world_rank());
+  using policy = ckpt::megatron<ckpt::mpi>;
+  const ckpt::memory_tier_options opts{.keep = 2, .replicas = 1, .node = node_name()};
+  const auto node_dir = (dir.path / node_name()).string();
+  {
+    ckpt::memory_tier<policy> tier{{.tp = tp}, ckpt::posix(node_dir), opts};
+    ckpt::checkpointer<policy, ckpt::posix> disk{{.tp = tp}, ckpt::posix(dir.path / "disk")};
+    disk.save(15, tier_state(r, tp, 15));
+    tier.save(20, tier_state(r, tp, 20));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    // Node n1 is replaced, and node n0's copy of the first file n1 needs is damaged.
+    fs::remove_all(dir.path / "n1");
+    fs::create_directories(dir.path / "n1");
+    const auto victim = dir.path / "n0/global_step20" / "mp_rank_00_dp001" / "model_optim_rng.ckpt";
+    REQUIRE(fs::exists(victim));
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    f.seekp(4096);
+    f.write(&c, 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ckpt::memory_tier<policy> tier{{.tp = tp}, ckpt::posix(node_dir), opts};
+  ckpt::checkpointer<policy, ckpt::posix> disk{{.tp = tp}, ckpt::posix(dir.path / "disk")};
+  tier_state back(r, tp, 0);
+  const auto res = tier.load_or(disk, back);
+  CHECK(res.tier == "durable");
+  CHECK(res.iteration == 15);
+  CHECK(back == tier_state(r, tp, 15));
+  std::string all;
+  for (const auto& line : res.recovery) all += line + "\n";
+  CAPTURE(all);
+  CHECK(all.find("global_step20 could not be restored") != std::string::npos);
+  CHECK(all.find("mp_rank_00_dp001/model_optim_rng.ckpt, tensor '") != std::string::npos);
+  CHECK(all.find("checksum mismatch") != std::string::npos);
+}
+
+TEST_CASE("memory tier: a full memory directory on the last rank fails the save on every rank; the previous tag loads") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  const auto tp = w >= 4 ? 2u : 1u;
+  const auto r = static_cast<std::uint32_t>(world_rank());
+  using policy = ckpt::megatron<ckpt::mpi>;
+  using failing = test::failing_storage<ckpt::posix>;
+  const ckpt::memory_tier_options opts{.keep = 2, .replicas = 1, .node = node_name()};
+  const auto node_dir = (dir.path / node_name()).string();
+  for (long k : {1L, 4L, 9L, 11L, 13L}) {
+    CAPTURE(k);
+    failing store{ckpt::posix(node_dir)};
+    ckpt::memory_tier<policy, failing> tier{{.tp = tp}, store, opts};
+    tier.save(10 * static_cast<std::uint64_t>(k), tier_state(r, tp, 10 * static_cast<std::uint64_t>(k)));
+    if (world_rank() == world_size() - 1) store.fail_at(k);  // ENOSPC
+    std::string err;
+    try {
+      tier.save(10 * static_cast<std::uint64_t>(k) + 1, tier_state(r, tp, 99));
+    } catch (const ckpt::error& e) {
+      err = e.what();
+    }
+    store.fail_at(-1);
+    if (world_rank() == 0) MESSAGE("k=" << k << ": " << err);
+    CHECK(err.find("rank " + std::to_string(world_size() - 1) + ": ") != std::string::npos);
+    CHECK(err.find("No space left on device") != std::string::npos);
+    tier_state back(r, tp, 0);
+    const auto res = tier.load(back);
+    CHECK(res.iteration == 10 * static_cast<std::uint64_t>(k));
+    CHECK(back == tier_state(r, tp, 10 * static_cast<std::uint64_t>(k)));
+  }
+}
+
+TEST_CASE("preemption: SIGTERM during a save on one rank does not disturb it; every rank then agrees to stop") {
+  shared_dir dir;
+  const auto w = static_cast<std::uint32_t>(world_size());
+  ckpt::preemption::install({SIGTERM});
+  ckpt::preemption::clear();
+  ckpt::checkpointer<ckpt::megatron<ckpt::mpi>> cp{{.tp = w}, ckpt::posix(dir.path)};
+  tier_state s(static_cast<std::uint32_t>(world_rank()), w, 4);
+  (void)cp.should_save(0);  // the agreement's communicator, made before the save is in flight
+  auto pending = cp.save_async(4, s);
+  if (world_rank() == 0) std::raise(SIGTERM);  // while rank 0's save runs in the background
+  pending.wait();
+  CHECK(cp.latest() == "global_step4");
+  CHECK(cp.should_save(5));
+  CHECK(cp.preempted());
+  ckpt::preemption::clear();
+  std::signal(SIGTERM, SIG_DFL);
+  tier_state back(static_cast<std::uint32_t>(world_rank()), w, 0);
+  CHECK(cp.load(back).iteration == 4);
+  CHECK(back == tier_state(static_cast<std::uint32_t>(world_rank()), w, 4));
+}
