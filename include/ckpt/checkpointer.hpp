@@ -269,15 +269,7 @@ class checkpointer {
   }
 
   /// Joins the background save, if any; throws its error when `rethrow` and nobody saw it.
-  void finish_pending(bool rethrow) {
-    if (background_.joinable()) background_.join();
-    if (auto st = std::exchange(pending_, nullptr)) {
-      std::lock_guard lock(st->mu);
-      const bool unseen = !st->observed;
-      st->observed = true;
-      if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
-    }
-  }
+  void finish_pending(bool rethrow) { detail::finish_background_save(background_, pending_, rethrow); }
 
   /// Rank 0 resolves the tag and reads its metadata once; every rank decodes and checks it.
   detail::metadata open_for_load(const load_options& opts, detail::restore_context& ctx) {

@@ -608,15 +608,7 @@ class memory_tier {
     return out;
   }
 
-  void finish_pending(bool rethrow) {
-    if (background_.joinable()) background_.join();
-    if (auto st = std::exchange(pending_, nullptr)) {
-      std::lock_guard lock(st->mu);
-      const bool unseen = !st->observed;
-      st->observed = true;
-      if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
-    }
-  }
+  void finish_pending(bool rethrow) { detail::finish_background_save(background_, pending_, rethrow); }
 
   memory_tier_options options_;
   inner_type inner_;

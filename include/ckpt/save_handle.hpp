@@ -13,6 +13,8 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <utility>
 
 namespace ckpt {
 
@@ -53,6 +55,18 @@ struct async_save_state {
     if (rethrow && failure) std::rethrow_exception(failure);
   }
 };
+
+/// Joins the thread of the save in flight, if any, and forgets it; throws its error when
+/// `rethrow` and no handle's `wait()` has thrown it already (an error is reported once).
+inline void finish_background_save(std::thread& thread, std::shared_ptr<async_save_state>& pending, bool rethrow) {
+  if (thread.joinable()) thread.join();
+  if (auto st = std::exchange(pending, nullptr)) {
+    std::lock_guard lock(st->mu);
+    const bool unseen = !st->observed;
+    st->observed = true;
+    if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
+  }
+}
 }  // namespace detail
 
 /// A save that `checkpointer::save_async` started: the state was already snapshotted into host
