@@ -650,6 +650,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         w(memory_tier_section(res["memory_tier"]))
     else:
         w(kept_section("## Memory tier"))  # results from before the benchmark existed
+    # Sections other commands measure (bench/compile_time/run.py, the LibTorch adapter, the tool's
+    # many-tensor scaling, ...) are kept as written, in their order.
+    w(sections_not_written(out, skip=("## GPU-resident state",)))
     # The GPU proof runs only on a GPU machine (bench/gpu/run.sh); its section is kept as written.
     w(kept_section("## GPU-resident state"))
     with open(os.path.join(ROOT, "docs", "performance.md"), "w") as f:
@@ -682,6 +685,23 @@ MEMORY_TIER_NOTES = (
     "so that the node can survive the next loss, then load: still faster than the durable tier's cold load "
     "here, which reads the local disk with O_DIRECT. A shared file system or a bucket, the durable tier of "
     "a real job, is slower than this VM's local disk.\n")
+
+
+def sections_not_written(out, skip=()):
+    """The sections of docs/performance.md as it stands whose titles this run has not written."""
+    try:
+        with open(os.path.join(ROOT, "docs", "performance.md")) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return ""
+    written = {line.strip() for chunk in out for line in chunk.splitlines() if line.startswith("## ")}
+    kept = []
+    for part in text.split("\n## ")[1:]:
+        title = "## " + part.splitlines()[0].strip()
+        if title in written or title.startswith(skip):
+            continue
+        kept.append(("## " + part).rstrip("\n") + "\n")
+    return "\n".join(kept)
 
 
 def kept_section(title):
