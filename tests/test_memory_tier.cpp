@@ -270,6 +270,32 @@ TEST_CASE("memory_tier: a save that fails while writing or replicating commits n
   }
 }
 
+TEST_CASE("memory_tier: a rank that cannot read its file while replicating says why, and its receiver's error carries it") {
+  using failing = test::failing_storage<ckpt::posix>;
+  // Rank 2 sends its file to rank 0, which then reports first (the lowest failing rank). The
+  // first operation of rank 2's that fails a read of its own file while it is replicated:
+  bool found = false;
+  for (long k = 10; k < 60 && !found; ++k) {
+    nodes n;
+    save_steps(n, {10});
+    const auto errors = test::on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+      failing store(ckpt::posix(n.dir(r)));
+      ckpt::memory_tier<policy, failing> tier{{.tp = 2, .comm = comm}, store, opts_for(n, r)};
+      if (r == 2) store.fail_at(k, EIO);
+      tier.save(20, shard(r, 20));
+    });
+    if (!mentions(errors[2], "injected fault: read global_step20/mp_rank_00_dp001")) continue;
+    found = true;
+    CAPTURE(k);
+    for (const auto& e : errors) {
+      CHECK(mentions(e, "rank 0: replicating global_step20: rank 2 could not send global_step20/mp_rank_00_dp001/model_optim_rng.ckpt: "));
+      CHECK(mentions(e, "injected fault: read global_step20/mp_rank_00_dp001/model_optim_rng.ckpt: Input/output error"));
+    }
+    for (const char* node : {"a", "b"}) CHECK_FALSE(fs::exists(n.root.path() / node / "global_step20/metadata.json"));
+  }
+  CHECK(found);
+}
+
 TEST_CASE("memory_tier: too few nodes for the replicas asked is refused, on every rank") {
   test::temp_dir d;
   const auto errors = test::on_ranks(2, [&](ckpt::in_process comm, std::uint32_t) {
