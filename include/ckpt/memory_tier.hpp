@@ -461,8 +461,7 @@ class memory_tier {
     detail::collective(c, [&] {
       const auto node = nodes_.node_of[static_cast<std::size_t>(c.rank())];
       if (!leads() || std::count(cand.with_metadata.begin(), cand.with_metadata.end(), node)) return;
-      write_file(detail::join_key(cand.tag, detail::marker_file),
-                 as_vector("written by ckpt; this tag is committed once metadata.json exists\n"));
+      detail::tag_store<Store>(base()).mark(cand.tag);
       for (const auto& f : unframe(md_files)) write_file(f.key, f.bytes);
     });
     // The files each rank reads, and those it wrote: from a peer when its node lacks them.
@@ -543,7 +542,6 @@ class memory_tier {
     const auto* p = reinterpret_cast<const std::byte*>(s.data());
     return {p, p + s.size()};
   }
-  static std::vector<std::byte> as_vector(std::string_view s) { return to_bytes(std::string(s)); }
 
   /// Files as one message: for each, the key's length, the key, the size, the bytes.
   static std::vector<std::byte> frame(const std::vector<detail::held_file>& files) {

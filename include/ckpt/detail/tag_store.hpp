@@ -218,7 +218,7 @@ class tag_store {
     // writing it fails in a directory this save just created, take the directory away again.
     const bool fresh = storage_->list(tag).empty();
     try {
-      write_file(join_key(tag, marker_file), "written by ckpt; this tag is committed once metadata.json exists\n");
+      mark(tag);
     } catch (const error&) {
       if (fresh) {
         try {
@@ -282,6 +282,12 @@ class tag_store {
       else
         remove_tag(name);
     }
+  }
+
+  /// Writes ckpt's marker into `tag`: the directory is ckpt's, and committed once metadata.json
+  /// exists.
+  void mark(const std::string& tag) {
+    write_file(join_key(tag, marker_file), "written by ckpt; this tag is committed once metadata.json exists\n");
   }
 
   void write_file(const std::string& key, std::string_view content) {
