@@ -390,11 +390,20 @@ TEST_CASE("metadata.json records column-major tensors only, and refuses an unkno
     CHECK(buf == std::vector<float>(6, 1.0f));
   }
 
-  // An explicit "row_major" reads as row-major.
+  // An explicit "row_major" reads as row-major; and here, where the shard file's footer says
+  // column-major, a reader refuses the disagreement as damage.
   edit_metadata(dir, "global_step1", [](std::string& doc) { replace_all(doc, "\"column_major\"", "\"row_major\""); });
   {
-    ckpt::reader r{ckpt::posix(dir.path())};
-    CHECK(r.find("col")->order == layout::row_major);
+    const auto md = ckpt::detail::decode_metadata(metadata_text(dir, "global_step1"), "metadata.json");
+    for (const auto& t : md.tensors) CHECK(t.order == layout::row_major);
+    ckpt::reader r{ckpt::posix(dir.path())};  // opens (inspect still works); reading it is refused
+    std::vector<float> buf(6, 0.0f);
+    const auto e = test::catch_error([&] { r.read("col", ckpt::view(buf, {3, 2})); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(test::mentions(e.what(), "tensor 'col': the footer index says f32 column-major [3, 2], metadata.json f32 row-major [3, 2]"));
+    const auto rep = r.verify();
+    REQUIRE(rep.problems.size() == 1);
+    CHECK(rep.problems[0] == e.what());
   }
   // Anything else is corrupt, naming the tensor.
   edit_metadata(dir, "global_step1", [](std::string& doc) { replace_all(doc, "\"row_major\"", "\"diagonal\""); });

@@ -264,9 +264,10 @@ TEST_CASE("chunk columns are packed to the bytes their largest value needs, and 
   CHECK(std::string(e.what()).find("chunk count 1000 with columns 8 bytes wide") != std::string::npos);
 }
 
-TEST_CASE("a commit refuses an empty tensor whose chunk columns a reader would refuse") {
-  // A tensor empty along all 8 dimensions, one zero-byte chunk from each of two ranks: its
-  // columns are 11 bytes a chunk, under the 8 + ndim a reader charges, so it cannot be stored.
+TEST_CASE("an empty tensor, one zero-byte chunk from each of two ranks, commits as a list of two chunks") {
+  // Format 1 had to refuse it: its chunk map's packed columns took 11 bytes a chunk, under the
+  // 8 + ndim a reader charges. Format 2 lists a layout that is not a grid unpacked (4 + 16 ndim
+  // bytes a chunk), and each file's footer holds one chunk.
   auto report = [](std::uint32_t r) {
     written_shard w;
     w.path = "mp_rank_0" + std::to_string(r) + "/model_optim_rng.ckpt";
@@ -282,12 +283,21 @@ TEST_CASE("a commit refuses an empty tensor whose chunk columns a reader would r
     return std::vector<std::byte>(b, b + s.size());
   };
   const std::vector<std::vector<std::byte>> two = {report(0), report(1)};
-  const auto e = test::catch_error([&] { (void)merge_reports("global_step1", 1, {2, 1, 1, 2}, {}, two, 1); });
-  CHECK(e.kind() == ckpt::error_kind::invalid_argument);
-  CHECK(std::string(e.what()).find("is empty along several dimensions") != std::string::npos);
-  // From one rank it is one chunk, and fine.
+  const auto md = merge_reports("global_step1", 1, {2, 1, 1, 2}, {}, two, 1);
+  REQUIRE(md.tensors.size() == 1);
+  CHECK(md.tensors[0].placement->how == chunk_layout::kind::list);
+  CHECK(md.tensors[0].chunk_count == 2);
+  // Its chunk map reads back, the layout checked.
+  auto back = md;
+  const auto map = encode_chunk_map(back);
+  back.chunk_map.size = map.size();
+  back.chunk_map.xxh3 = xxh3(map);
+  for (auto& t : back.tensors) t.placement.reset();
+  back.files = md.files;
+  decode_chunk_map(std::as_bytes(std::span(map.data(), map.size())), back, "chunk_map.bin");
+  CHECK(back.tensors[0].placement->chunks.size() == 2);
   const std::vector<std::vector<std::byte>> one = {report(0)};
-  CHECK(merge_reports("global_step1", 1, {1, 1, 1, 1}, {}, one, 1).tensors.at(0).chunks.size() == 1);
+  CHECK(merge_reports("global_step1", 1, {1, 1, 1, 1}, {}, one, 1).tensors.at(0).chunk_count == 1);
 }
 
 TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes") {
@@ -315,28 +325,32 @@ TEST_CASE("the worked example of docs/format.md section 12 is what ckpt writes")
     ckpt::checkpointer cp{ckpt::single_process{}, mem, ckpt::checkpointer_options{.chunk_bytes = chunk_bytes}};
     cp.save(200, m, {.config = {{"hidden_size", 3}, {"lr", 3e-4}, {"precision", "fp32"}}});
     const auto map = hex(mem.bytes("global_step200/chunk_map.bin"));
-    if (chunk_bytes == 12) {  // the columns of fc.weight: bytes 25 to 68
-      CHECK(map.substr(50, 88) ==
-            "0200000000000000"    // chunk count 2
-            "0001000101000201"    // widths
-            "0001" "0101" "0303"  // offsets of dimension 0, shapes of dimensions 0 and 1
-            "00100020" "0c0c"     // file_offset, stored_size
-            "209241099563927a" "27f863ab664b706f");
+    if (chunk_bytes == 12) {  // fc.weight in two chunks of one row: a grid of one cell and two pieces
+      CHECK(map.substr(50, 226) ==
+            "01"                                  // grid
+            "0200000000000000" "0300000000000000"  // its cell's shape: the whole of [2, 3]
+            "0200000000000000"                    // two pieces: offsets and shapes
+            "0000000000000000" "0000000000000000" "0100000000000000" "0300000000000000"
+            "0100000000000000" "0000000000000000" "0100000000000000" "0300000000000000"
+            "0100000000000000" "0100000000000000" "00000000" "00000000");  // one run: 1 cell, file 0
       continue;
     }
     CHECK(map ==
-          "434b5054434d41500100000000000000"
-          "01020000000000000001000000000000"
-          "00000000010100020102030010181d88"
-          "55d13abf205401000000000000000000"
-          "010002010300200c439f4e744c401519");
+          "434b5054434d4150" "02000000" "00000000"  // magic, version 2, flags
+          "01" "0200000000000000"                     // byte order, two tensors
+          "01" "0200000000000000" "0300000000000000"  // fc.weight: a grid whose cell is [2, 3]
+          "0100000000000000" "0000000000000000" "0000000000000000" "0200000000000000" "0300000000000000"
+          "0100000000000000" "0100000000000000" "00000000" "00000000"  // one run: 1 cell, file 0
+          "01" "0300000000000000"                     // optimizer.bias_m: a grid whose cell is [3]
+          "0100000000000000" "0000000000000000" "0300000000000000"
+          "0100000000000000" "0100000000000000" "00000000" "00000000");
     const auto& file = mem.bytes("global_step200/mp_rank_00/model_optim_rng.ckpt");
     CHECK(file.size() == 12540);
-    // Byte for byte what format v1 has always written (cereal's JSON archive wrote it until
-    // ckpt wrote it with rapidjson directly; docs/format.md section 12 shows it).
+    // Byte for byte what docs/format.md section 12 shows (format 1 wrote the same document but
+    // for its format_version and chunk_map's size and checksum).
     const auto& md = mem.bytes("global_step200/metadata.json");
-    CHECK(md.size() == 1457);
-    CHECK(to_hex(xxh3(std::span<const std::byte>(md))) == "b73d932be8f8052a");
+    CHECK(md.size() == 1458);
+    CHECK(to_hex(xxh3(std::span<const std::byte>(md))) == "20731d4076644de3");
   }
 }
 

@@ -6,12 +6,16 @@
 #include "helpers.hpp"
 #include "on_ranks.hpp"
 
+#include <ckpt/detail/metadata.hpp>
 #include <ckpt/detail/region.hpp>
 #include <ckpt/in_process.hpp>
 #include <ckpt/reader.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -236,4 +240,77 @@ TEST_CASE("reshard: blocks of a gather_to_root save stream to rank 0 as the chun
   });
   for (const auto& e : errors) CHECK(e == "");
   for (const auto r : load_at(dir.path(), hidden, 3, 1)) CHECK(r <= 1.6);  // loads at another layout as megatron
+}
+
+TEST_CASE("layouts: an even split is stored as a grid, an uneven one as a list, and both load at any tp") {
+  constexpr std::uint64_t hidden = 64;
+  auto save_at = [&](const std::filesystem::path& dir, std::uint32_t tp) {
+    const auto errors = test::on_ranks(tp, [&](ckpt::in_process comm, std::uint32_t r) {
+      tp_checkpointer cp{{.tp = tp, .comm = comm}, dir};
+      cp.save(1, mlp(hidden, tp, r, true));
+    });
+    for (const auto& e : errors) REQUIRE(e == "");
+  };
+  auto placements = [](const std::filesystem::path& dir) {
+    std::ifstream in(dir / "global_step1" / "metadata.json", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    auto md = ckpt::detail::decode_metadata(text, "metadata.json");
+    std::ifstream m(dir / "global_step1" / "chunk_map.bin", std::ios::binary);
+    const std::string map((std::istreambuf_iterator<char>(m)), {});
+    ckpt::detail::decode_chunk_map(std::as_bytes(std::span(map.data(), map.size())), md, "chunk_map.bin");
+    std::map<std::string, ckpt::detail::chunk_layout> out;
+    for (const auto& t : md.tensors) out[t.name] = *t.placement;
+    return out;
+  };
+  test::temp_dir even, uneven;
+  save_at(even.path(), 4);  // 256 rows over 4: cells of 64
+  save_at(uneven.path(), 3);  // 256 rows over 3: 85, 85, 86
+  {
+    const auto p = placements(even.path());
+    const auto& fc1 = p.at("fc1.weight");
+    CHECK(fc1.how == ckpt::detail::chunk_layout::kind::grid);
+    CHECK(fc1.block == shape_t{64, hidden});
+    CHECK(fc1.runs == std::vector<ckpt::detail::file_run>{{4, 0, 1}});  // cells 0..3 in files 0..3
+    CHECK(p.at("fc2.weight").block == shape_t{hidden, 64});
+  }
+  CHECK(placements(uneven.path()).at("fc1.weight").how == ckpt::detail::chunk_layout::kind::list);
+  for (const auto tp : {2u, 3u, 4u}) {
+    for (const auto r : load_at(even.path(), hidden, tp, 1)) CHECK(r >= 1.0);
+    for (const auto r : load_at(uneven.path(), hidden, tp, 1)) CHECK(r >= 1.0);
+  }
+}
+
+TEST_CASE("layouts: each rank reads the footers of its own files only, and a footer that disagrees is corrupt") {
+  constexpr std::uint64_t hidden = 64;
+  test::temp_dir dir;
+  save_at_tp4(dir.path(), hidden, {});
+  // Rank 3's file with a footer that no longer matches metadata.json: a load at tp 2 reads
+  // files 0 and 1 (rank 0) and 2 and 3 (rank 1), so the error is rank 1's, naming file 3.
+  const auto shard3 = dir.path() / "global_step1" / "mp_rank_03" / "model_optim_rng.ckpt";
+  {
+    std::fstream f(shard3, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-ckpt::detail::trailer_bytes - 3, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    f.seekp(-ckpt::detail::trailer_bytes - 3, std::ios::end);
+    c = static_cast<char>(c ^ 0x20);
+    f.write(&c, 1);
+  }
+  std::vector<std::string> errors = test::on_ranks(2, [&](ckpt::in_process comm, std::uint32_t r) {
+    tp_checkpointer cp{{.tp = 2, .comm = comm}, dir.path()};
+    mlp m(hidden, 2, r, false);
+    (void)cp.load(m);
+  });
+  for (const auto& e : errors) {
+    CHECK(test::mentions(e, "rank 1"));
+    CHECK(test::mentions(e, "mp_rank_03/model_optim_rng.ckpt"));
+    CHECK(test::mentions(e, "footer index checksum"));
+  }
+  // At tp 4, ranks 0 to 2 never open file 3: only rank 3 fails.
+  errors = test::on_ranks(4, [&](ckpt::in_process comm, std::uint32_t r) {
+    tp_checkpointer cp{{.tp = 4, .comm = comm}, dir.path()};
+    mlp m(hidden, 4, r, false);
+    (void)cp.load(m);
+  });
+  for (const auto& e : errors) CHECK(test::mentions(e, "rank 3"));
 }

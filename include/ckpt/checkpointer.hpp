@@ -226,7 +226,9 @@ class checkpointer {
     detail::collective(comm, [&] {
       detail::through_gather<Policy>(comm, plan, device, [&](auto& via) { written = write_own_shard(plan, via); });
     });
-    const auto report = detail::encode_report(written, plan.held);
+    // What ranks have in common reaches rank 0 once: only the lowest rank of each schema sends it.
+    const auto summary = detail::summarize(written, plan.held);
+    const auto report = detail::encode_report(summary, detail::sends_schema(comm, summary));
     auto reports = comm.gather(detail::as_bytes(report), 0);
     detail::collective(comm, [&] {
       if (comm.rank() == 0) tags_.commit(plan.tag, plan.iteration, policy_.topology(), plan.config, reports);
@@ -391,7 +393,7 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   finish_pending(true);
   auto& comm = policy_.communicator();
   detail::restore_context ctx;
-  const auto md = open_for_load(opts, ctx);
+  auto md = open_for_load(opts, ctx);
   const detail::stored_index index(md);  // also what v.saved() answers while the state is visited
   load_result result{.tag = md.tag, .iteration = md.iteration, .config = md.config, .topology = md.topology};
   visitor v;
@@ -401,12 +403,19 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   };
   if constexpr (detail::scatters<Policy>) {
     if (policy_.scatter_on_load && comm.size() > 1) {
+      detail::collective(comm, [&] {  // rank 0 reads for every rank
+        if (comm.rank() == 0) result.bytes_read += detail::read_all_chunk_details(storage_, md);
+      });
       detail::scatter_load(comm, storage_, md, plan, chunks(), device_, read_own, result);
       return result;
     }
   }
   detail::collective(comm, [&] {
     detail::file_verifier<Store> verify(storage_, md);
+    const detail::tensor_meta* logits = nullptr;
+    if (opts.validation_logits)
+      if (const auto* t = index.find_tensor(detail::validation_name)) logits = t;
+    result.bytes_read += detail::read_plan_details(storage_, md, plan, logits, verify);
     read_own(plan, verify);
     result.bytes_read += verify.bytes_read();
   });

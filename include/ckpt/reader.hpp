@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "detail/chunk_details.hpp"
 #include "detail/chunk_reader.hpp"
 #include "detail/coverage.hpp"
 #include "detail/hash.hpp"
@@ -135,6 +136,9 @@ class reader {
     md_name_ = tag_->storage.describe(detail::metadata_key(*tag));
     // Each tensor's tiling is checked the first time it is read (see read_all), not here.
     tag_->md = tags.open(*tag, /*check_all_tiling=*/false);
+    // Version 2: the chunks' details, from the footers. A damaged file is kept aside, so that
+    // inspect still shows the tag and verify reports every problem.
+    (void)detail::read_all_chunk_details(tag_->storage, tag_->md, &damaged_files_);
     tag_->verified.emplace(tag_->storage, tag_->md);
     build_info();
     tiling_checked_.assign(tag_->md.tensors.size(), false);
@@ -195,6 +199,7 @@ class reader {
       const auto k = by_name_.find(n)->second;
       const auto& t = tag_->md.tensors[k];
       if (!tiling_checked_[k]) {
+        check_files_of(t);
         detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
         tiling_checked_[k] = true;
       }
@@ -228,6 +233,7 @@ class reader {
       throw error(error_kind::mismatch, "validation logits are " + std::string(to_string(t.type)) + " " + detail::to_string(t.shape) + " in " +
                                             md_name_ + ", the buffer given is " + std::string(to_string(out.type())) + " " +
                                             detail::to_string(out.shape()) + (out.where().type != device::kind::host ? " off the host" : ""));
+    check_files_of(t);
     detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
     const std::string name = "validation logits";
     const raw codec;
@@ -253,6 +259,8 @@ class reader {
     for (std::size_t f = 0; f < tag_->md.files.size(); ++f) {
       const auto& fm = tag_->md.files[f];
       try {
+        if (f < damaged_files_.size() && !damaged_files_[f].empty())
+          throw error(error_kind::corrupt, damaged_files_[f]);  // its footer failed when the tag was opened
         detail::verify_shard_file(st, detail::file_key(tag_->md, static_cast<std::uint32_t>(f)), fm.size, fm.index_xxh3);
       } catch (const error& e) {
         rep.problems.push_back(e.what());
@@ -261,6 +269,7 @@ class reader {
       }
     }
     for (const auto& t : tag_->md.tensors) {
+      if (t.placement) continue;  // version 2: its layout was checked to tile it when the tag was opened
       try {
         detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
       } catch (const error& e) {
@@ -325,6 +334,15 @@ class reader {
   Store& storage() noexcept { return tag_->storage; }
 
  private:
+  /// Version 2: throws the error of a damaged file that holds chunks of `t` (their details
+  /// could not be read from its footer), rather than a tiling error about chunks it lacks.
+  void check_files_of(const detail::tensor_meta& t) const {
+    if (!t.placement) return;
+    for (std::uint32_t f = 0; f < damaged_files_.size(); ++f)
+      if (!damaged_files_[f].empty() && detail::chunks_in_file_count(*t.placement, f) > 0)
+        throw error(error_kind::corrupt, damaged_files_[f]);
+  }
+
   const detail::tensor_meta& stored(std::string_view name) const {
     auto it = by_name_.find(std::string(name));
     if (it == by_name_.end()) throw error(error_kind::not_found, "no tensor " + detail::printable(name) + " in " + md_name_);
@@ -389,6 +407,7 @@ class reader {
   std::string md_name_;
   std::map<std::string, std::size_t> by_name_;
   std::vector<bool> tiling_checked_;  // per tensor of tag_->md: read_all checked its chunks tile it
+  std::vector<std::string> damaged_files_;  // version 2: per file, why its footer failed ("" if sound)
 };
 
 }  // namespace ckpt

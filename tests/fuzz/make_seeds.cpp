@@ -5,6 +5,7 @@
 //   ninja -C build tests/fuzz/make_seeds && build/tests/fuzz/make_seeds tests/fuzz/corpus
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/detail/commit.hpp>
 #include <ckpt/detail/format.hpp>
 #include <ckpt/detail/metadata.hpp>
 
@@ -83,6 +84,42 @@ void seeds(const fs::path& out, const std::string& name, std::uint64_t chunk_byt
   write(out / "latest" / (name + "_latest"), as_string(mem.bytes("latest")));
 }
 
+/// Format-2 maps of several ranks, merged as rank 0 merges them: a grid whose cells are in
+/// files 3, 2, 1, 0 (a falling run), and a list (an uneven split).
+void merged_seeds(const fs::path& out) {
+  namespace d = ckpt::detail;
+  auto shard = [](std::uint32_t r, std::uint64_t row0, std::uint64_t rows, std::uint64_t total) {
+    d::written_shard w;
+    w.path = "mp_rank_0" + std::to_string(r) + "/model_optim_rng.ckpt";
+    w.index.rank = r;
+    auto& g = w.index.tensors.emplace_back();
+    g.name = "w";
+    g.global_shape = {total, 6};
+    g.chunks.ndim = 2;
+    g.chunks.push(0, ckpt::shape_t{row0, 0}, ckpt::shape_t{rows, 6}, 0, 4096, rows * 24, r);
+    w.size = 65536;
+    return w;
+  };
+  auto save = [&](const std::string& name, const std::vector<d::written_shard>& ws) {
+    std::vector<std::vector<std::byte>> reports;
+    for (const auto& w : ws) {
+      const auto s = d::encode_report(w, {});
+      reports.emplace_back(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+    }
+    const auto n = static_cast<std::uint32_t>(ws.size());
+    auto md = d::merge_reports("global_step5", 5, {n, 1, 1, n}, {}, reports, 1);
+    const auto map = d::encode_chunk_map(md);
+    md.chunk_map.size = map.size();
+    md.chunk_map.xxh3 = d::xxh3(std::as_bytes(std::span(map.data(), map.size())));
+    const auto text = d::encode_metadata(md);
+    const auto doc_begin = d::envelope_head.size() + 16 + d::envelope_mid.size();
+    const auto doc = text.substr(doc_begin, text.size() - doc_begin - d::envelope_tail.size());
+    write(out / "metadata" / (name + "_doc_and_map"), doc + std::string(1, '\0') + map);
+  };
+  save("grid4", {shard(0, 6, 2, 8), shard(1, 4, 2, 8), shard(2, 2, 2, 8), shard(3, 0, 2, 8)});
+  save("list3", {shard(0, 0, 3, 8), shard(1, 3, 3, 8), shard(2, 6, 2, 8)});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,5 +128,6 @@ int main(int argc, char** argv) {
   seeds<wide>(argv[1], "wide", 64);
   seeds<small>(argv[1], "one_chunk", std::uint64_t{1} << 20);
   seeds<column_major>(argv[1], "column_major", 32);
+  merged_seeds(argv[1]);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/detail/chunk_details.hpp>
 #include <ckpt/memory_tier.hpp>
 #include <ckpt/mpi.hpp>
 #include <ckpt/preemption.hpp>
@@ -273,6 +274,7 @@ TEST_CASE("replicated tensors and data-parallel replicas are stored once, writte
     auto md = ckpt::detail::decode_metadata(read("metadata.json"), "metadata.json");
     const auto map = read("chunk_map.bin");
     ckpt::detail::decode_chunk_map(std::as_bytes(std::span(map.data(), map.size())), md, "chunk_map.bin");
+    (void)ckpt::detail::read_all_chunk_details(ckpt::posix(dir.path), md);  // format 2: from the footers
     std::map<std::uint32_t, std::uint64_t> bytes_per_file;
     for (const auto& t : md.tensors) {
       std::uint64_t stored = 0;

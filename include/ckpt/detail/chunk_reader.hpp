@@ -50,6 +50,9 @@ class file_verifier {
     bytes_read_ += header_used + trailer_bytes;
   }
 
+  /// Marks file f as checked already (its footer was read and checked elsewhere).
+  void checked(std::uint32_t f) { checked_[f] = true; }
+
   /// Bytes read to check files so far.
   std::uint64_t bytes_read() const noexcept { return bytes_read_; }
 

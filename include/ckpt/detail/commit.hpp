@@ -5,6 +5,8 @@
 // Kept apart from the checkpointer so the scale benchmark can feed it thousands of reports.
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <atomic>
 #include <exception>
 #include <functional>
@@ -33,19 +35,44 @@ namespace ckpt::detail {
 
 inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
-/// What every rank sends rank 0 after writing: its file (if any) and index.
-CKPT_DECL std::string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held);
-
-/// A rank's report, with its index left as bytes for parse_index to stream through.
-struct rank_report {
-  std::optional<std::string> path;
-  std::uint64_t size = 0;
-  std::uint64_t index_xxh3 = 0;
-  std::span<const std::byte> index;  // points into the report
-  std::vector<std::string> held;     // tensors the rank holds but another rank was to write
+/// What a rank tells rank 0 after writing, in two parts, so that at thousands of ranks rank 0
+/// receives what the ranks have in common once, not once per rank (docs/format.md, section 9.2):
+/// - `schema`: the tensors its file holds (name, dtype, layout, global shape, and how its
+///   chunks cut the tensor: a grid cell and the pieces within it, or a list) and the names it
+///   holds but another rank writes. The ranks of one tensor-parallel group, pipeline stage and
+///   role have the same schema; only the lowest rank with each sends it.
+/// - `own`: its file (path, size, footer checksum), its values, which grid cell of each tensor
+///   it wrote (as arithmetic runs: usually one), and the chunks of tensors that are not a grid.
+struct rank_summary {
+  std::string schema;
+  std::uint64_t schema_hash = 0;
+  std::string own;
 };
 
-CKPT_DECL rank_report decode_report(std::span<const std::byte> b, int rank);
+CKPT_DECL rank_summary summarize(const std::optional<written_shard>& w, const std::vector<std::string>& held);
+
+/// The report a rank gathers to rank 0: its own part, and its schema when `with_schema`.
+CKPT_DECL std::string encode_report(const rank_summary& s, bool with_schema);
+
+/// Every rank's report with its schema (tests and benchmarks; merge_reports uses the first
+/// schema of each hash it receives).
+inline std::string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
+  return encode_report(summarize(w, held), true);
+}
+
+/// Whether this rank sends its schema: no lower rank has the same one (collective: an
+/// all_gather of 16 bytes per rank).
+template <class Comm>
+bool sends_schema(Comm& comm, const rank_summary& s) {
+  if (comm.size() == 1) return true;
+  const std::array<std::uint64_t, 2> mine = {s.schema_hash, s.schema.size()};
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  for (int r = 0; r < comm.rank(); ++r)
+    if (all[static_cast<std::size_t>(r)].size() == sizeof mine &&
+        std::memcmp(all[static_cast<std::size_t>(r)].data(), mine.data(), sizeof mine) == 0)
+      return false;
+  return true;
+}
 
 /// Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
 struct name_hash {
@@ -53,26 +80,18 @@ struct name_hash {
   std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
 
-/// How many threads rank 0 merges with: the copy of millions of chunk records into per-tensor
-/// columns is bound by memory latency, which more cores hide.
+/// How many threads rank 0 finishes the merge with (each tensor's cells sorted and checked).
 inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
 
-/// Merges every rank's report into the tag's metadata and checks it, in two passes.
-///
-/// A checkpoint of R tensor-parallel ranks has R chunks of every tensor, one in each report.
-/// Copying them rank by rank would scatter small writes over every column of every tensor at
-/// once (seven columns × thousands of tensors), and at millions of chunks those cache misses
-/// were most of the commit. So the first pass, on one thread, walks the reports in order and
-/// only notes where each tensor's chunk table lies (and checks dtypes and shapes); the second,
-/// on `threads` workers, builds each tensor's columns at their final size, copying from the
-/// noted places, so every write streams into one tensor at a time.
-///
-/// `recycle`, when given, is the previous commit's metadata: its chunk tables are emptied and
-/// reused, so a job that commits every N steps allocates (and page-faults in) its chunk
-/// columns once, not at every commit.
+/// Merges every rank's report into the tag's metadata (format version 2) and checks it: one
+/// dtype, layout and shape per tensor, every held tensor written, and every tensor tiled
+/// exactly once, a gap or an overlap named by its region and files. A tensor every rank cut
+/// into the same grid cells and pieces gets a grid layout: its cells are checked as numbers
+/// (each cell once), so the cost is one small record per rank and tensor. Others get a list,
+/// checked chunk by chunk.
 CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
-                              const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
-                              unsigned threads = merge_threads(), metadata* recycle = nullptr);
+                                 const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
+                                 unsigned threads = merge_threads());
 
 }  // namespace ckpt::detail
 

@@ -226,7 +226,8 @@ class bounded_reader {
       fail("chunk count " + std::to_string(n) + " cannot fit in the " + std::to_string(remaining()) + " bytes left");
     // The memory bound (table_widths::min_charge). ckpt's own tables pass: a chunk's
     // file_offset (≥ 4096) takes 2 bytes and each extent column 1 or more, unless the tensor is
-    // empty, and merge_reports refuses an empty one that would not pass.
+    // empty (format 1's merge refused an empty one split over files that would not pass; format
+    // 2 keeps one file's chunks in its footer, where an empty tensor has one).
     if (n > 1 && n > remaining() / std::max(per_chunk, table_widths::min_charge(ndim)))
       fail("chunk count " + std::to_string(n) + " with columns " + std::to_string(per_chunk) +
            " bytes wide is more than the " + std::to_string(remaining()) + " bytes left can describe");

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +24,7 @@
 #include "../error.hpp"
 #include "../names.hpp"
 #include "../topology.hpp"
+#include "chunk_layout.hpp"
 #include "chunk_table.hpp"
 #include "format.hpp"
 #include "hash.hpp"
@@ -40,14 +42,24 @@ struct file_meta {
   std::uint64_t index_xxh3 = 0;
 };
 
-/// One tensor: its name, dtype and global shape in metadata.json; its chunks (columns) in
+/// The version of metadata.json and chunk_map.bin that ckpt writes: 2, whose chunk map holds
+/// each tensor's chunk_layout (its chunks' details stay in the shard files' footer indexes).
+/// Version 1 tags, whose chunk map lists every chunk with its details, are still read. Shard
+/// files are unchanged (format_version, 1).
+inline constexpr std::uint32_t metadata_version = 2;
+
+/// One tensor: its name, dtype and global shape in metadata.json; where its chunks are in
 /// chunk_map.bin, where metadata.json records only how many there are.
 struct tensor_meta {
   std::string name;
   dtype type = dtype::f32;
   shape_t shape;  // global shape, in memory order (reversed logical shape when column-major)
   layout order = layout::row_major;
+  /// The chunks' details (region, file, place, codec, size, checksum). Version 1: all of them,
+  /// from chunk_map.bin. Version 2: only those of the files a load read the footers of
+  /// (read_chunk_details); `placement` says where all of them are.
   chunk_table chunks;
+  std::optional<chunk_layout> placement;  // version 2
   std::uint64_t chunk_count = 0;  // as metadata.json states it; chunk_map.bin must agree
 };
 
@@ -68,7 +80,7 @@ struct value_meta {
 };
 
 struct metadata {
-  std::uint32_t format_version = detail::format_version;
+  std::uint32_t format_version = metadata_version;
   std::string tag;
   std::uint64_t iteration = 0;
   ckpt::topology topology;
@@ -102,10 +114,41 @@ CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_t
 
 // --- chunk_map.bin --------------------------------------------------------------------------------
 // "CKPTCMAP", u32 version, u32 flags (0), then cereal portable binary: u64 tensor count, and for
-// each tensor of metadata.json, in its order, the packed chunk columns (emit_table). Its size and
-// XXH3-64 are recorded in metadata.json, which is written after it.
+// each tensor of metadata.json, in its order: version 1, the packed chunk columns (emit_table);
+// version 2, its chunk_layout (emit_layout). Its size and XXH3-64 are recorded in
+// metadata.json, which is written after it. The version is metadata.json's.
 
 inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C', 'M', 'A', 'P'};
+
+/// Hands a version-2 layout's bytes to `put(const void*, std::size_t)`: u8 kind; a grid's cell
+/// shape (ndim u64), u64 piece count and each piece's offset and shape (2 ndim u64), u64 run
+/// count and each run (u64 cells, u32 first file, u32 step); a list's u64 chunk count and each
+/// chunk's u32 file, offset and shape. Unpacked: at a few dozen bytes per grid, size does not
+/// matter, and a list is only for the rare layouts that are not a grid.
+template <class Put>
+void emit_layout(const chunk_layout& l, std::size_t ndim, Put&& put) {
+  const auto kind = static_cast<std::uint8_t>(l.how);
+  put(&kind, 1);
+  if (l.how == chunk_layout::kind::grid) {
+    put(l.block.data(), ndim * 8);
+    const std::uint64_t pieces = l.pieces.size(), runs = l.runs.size();
+    put(&pieces, 8);
+    if (pieces) put(l.pieces.coords.data(), pieces * 2 * ndim * 8);
+    put(&runs, 8);
+    for (const auto& r : l.runs) {
+      put(&r.cells, 8);
+      put(&r.first, 4);
+      put(&r.step, 4);
+    }
+    return;
+  }
+  const std::uint64_t n = l.chunks.size();
+  put(&n, 8);
+  for (std::size_t i = 0; i < n; ++i) {
+    put(&l.chunks.file[i], 4);
+    if (ndim) put(l.chunks.coords.data() + i * 2 * ndim, 2 * ndim * 8);
+  }
+}
 
 /// Hands the bytes of chunk_map.bin to `put(const void*, std::size_t)` in file order: the
 /// header, then every tensor's chunk columns. The same bytes cereal's PortableBinary archive
@@ -114,14 +157,19 @@ inline constexpr std::array<char, 8> chunk_map_magic = {'C', 'K', 'P', 'T', 'C',
 template <class Put>
 void emit_chunk_map(const metadata& md, Put&& put) {
   put(chunk_map_magic.data(), 8);
-  const std::uint32_t version = format_version, flags = 0;
+  const std::uint32_t version = md.format_version, flags = 0;
   put(&version, 4);
   put(&flags, 4);
   const std::uint8_t little = 1;
   put(&little, 1);
   const std::uint64_t count = md.tensors.size();
   put(&count, 8);
-  for (const auto& t : md.tensors) emit_table(t.chunks, put);
+  for (const auto& t : md.tensors) {
+    if (md.format_version == 1)
+      emit_table(t.chunks, put);
+    else
+      emit_layout(*t.placement, t.shape.size(), put);
+  }
 }
 
 /// The size of chunk_map.bin for `md`.

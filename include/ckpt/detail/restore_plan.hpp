@@ -21,6 +21,7 @@
 #include "../options.hpp"
 #include "../topology.hpp"
 #include "../visitor.hpp"
+#include "chunk_details.hpp"
 #include "chunk_reader.hpp"
 #include "metadata.hpp"
 #include "region.hpp"
@@ -96,24 +97,44 @@ struct restore_plan {
   std::vector<std::pair<const value_entry*, const value_meta*>> values;  // live value, stored one
 };
 
+/// The regions of stored tensors a plan reads (what chunk_reader::load reads from).
+inline std::vector<wanted_region> regions_read(const metadata& md, const restore_plan& plan) {
+  std::vector<wanted_region> out;
+  for (const auto& w : plan.tensors)
+    if (w.ref->nbytes() != 0)
+      out.push_back({static_cast<std::size_t>(w.stored - md.tensors.data()), w.ref->global_offset(), w.ref->shape()});
+  return out;
+}
+
 /// The storage keys of the shard files a plan reads, each once, in the metadata's file order:
 /// the files of the chunks that overlap its tensors (as chunk_reader::load picks them) and of
-/// its values. What a memory tier must have on a node before the node's ranks load.
+/// its values. What a memory tier must have on a node before the node's ranks load. Decided
+/// from the metadata alone (a version-2 tag's layouts), without reading any shard file.
 inline std::vector<std::string> files_read(const metadata& md, const restore_plan& plan) {
-  std::vector<bool> used(md.files.size(), false);
-  for (const auto& w : plan.tensors) {
-    const auto& c = w.stored->chunks;
-    if (w.ref->nbytes() == 0) continue;
-    const auto offset = w.ref->global_offset();
-    const region dst{offset, w.ref->shape()};
-    for (std::size_t i = 0; i < c.size(); ++i)
-      if (c.ndim == 0 || overlaps({c.offset(i), c.shape(i)}, dst)) used[c.file[i]] = true;
-  }
+  auto used = files_holding(md, regions_read(md, plan));
   for (const auto& [live, stored] : plan.values) used[stored->file] = true;
   std::vector<std::string> keys;
   for (std::uint32_t f = 0; f < used.size(); ++f)
     if (used[f]) keys.push_back(file_key(md, f));
   return keys;
+}
+
+/// Version 2: reads the chunk details a plan needs (detail/chunk_details.hpp) from the footers
+/// of the files it reads, and tells `verify` those files are checked. With `also`, the whole
+/// of that stored tensor too (the validation logits). Returns the bytes read.
+template <class Store, class Verify>
+std::uint64_t read_plan_details(const Store& storage, metadata& md, const restore_plan& plan, const tensor_meta* also,
+                                Verify& verify) {
+  if (md.format_version == 1) return 0;
+  auto wanted = regions_read(md, plan);
+  if (also) wanted.push_back({static_cast<std::size_t>(also - md.tensors.data()), shape_t(also->shape.size(), 0), also->shape});
+  std::vector<bool> tensors(md.tensors.size(), false);
+  for (const auto& w : wanted) tensors[w.tensor] = true;
+  const auto files = files_holding(md, wanted);
+  const auto bytes = read_chunk_details(storage, md, tensors, files);
+  for (std::uint32_t f = 0; f < files.size(); ++f)
+    if (files[f]) verify.checked(f);
+  return bytes;
 }
 
 /// Who is loading: what the plan checks the live state against besides the checkpoint.

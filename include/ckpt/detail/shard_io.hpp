@@ -259,11 +259,18 @@ std::vector<std::byte> read_value(const S& storage, const std::string& key, cons
   return bytes;
 }
 
+/// A shard file's footer index, checked, and where it starts in the file.
+struct footer {
+  std::vector<std::byte> index;
+  std::uint64_t index_offset = 0;
+};
+
 /// Checks the parts of a shard file that metadata.json does not cover: its size, header block
-/// and footer index (which must be the one rank 0 recorded). `key` is the storage key.
+/// and footer index (which must be the one rank 0 recorded), and returns the index. `key` is
+/// the storage key.
 template <class S>
-void verify_shard_file(const S& storage, const std::string& key, std::uint64_t expected_size,
-                       std::uint64_t expected_index_xxh3) {
+footer verify_shard_file(const S& storage, const std::string& key, std::uint64_t expected_size,
+                         std::uint64_t expected_index_xxh3) {
   const auto name = storage.describe(key);
   const auto size = storage.size(key);
   if (!size) throw error(error_kind::corrupt, name + " is missing");
@@ -279,9 +286,10 @@ void verify_shard_file(const S& storage, const std::string& key, std::uint64_t e
   if (t.index_xxh3 != expected_index_xxh3)
     throw error(error_kind::corrupt, name + ": footer index checksum " + to_hex(t.index_xxh3) + " differs from the " +
                                          to_hex(expected_index_xxh3) + " recorded in metadata.json");
-  std::vector<std::byte> index(t.index_size);
-  storage.read(key, t.index_offset, index);
-  if (xxh3(index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
+  footer out{std::vector<std::byte>(t.index_size), t.index_offset};
+  storage.read(key, t.index_offset, out.index);
+  if (xxh3(out.index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
+  return out;
 }
 
 }  // namespace ckpt::detail

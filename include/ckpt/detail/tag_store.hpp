@@ -155,7 +155,8 @@ class tag_store {
     decode_chunk_map(as_bytes(bytes.chunk_map), md, storage_->describe(chunk_map_key(bytes.tag, md)));
     validate_metadata(md, bytes.tag, md_name);
     if (check_all_tiling)
-      for (const auto& t : md.tensors) check_tiling(md, t, md_name);
+      for (const auto& t : md.tensors)
+        if (!t.placement) check_tiling(md, t, md_name);  // version 2: decode_chunk_map checked each layout
     return md;
   }
 
@@ -235,8 +236,7 @@ class tag_store {
   /// commit point), then `latest`.
   void commit(const std::string& tag, std::uint64_t iteration, const topology& topo, const config& cfg,
               const std::vector<std::vector<std::byte>>& reports) {
-    // The previous commit's tables and staging buffer are reused (see merge_reports).
-    auto md = merge_reports(tag, iteration, topo, cfg, reports, merge_threads(), &last_commit_);
+    auto md = merge_reports(tag, iteration, topo, cfg, reports);
     {
       auto w = storage_->create(join_key(tag, md.chunk_map.path));
       write_chunk_map(md, w, chunk_map_staging_);
@@ -244,7 +244,6 @@ class tag_store {
       w.publish();
     }
     write_file(metadata_key(tag), encode_metadata(md));  // the commit point
-    last_commit_ = std::move(md);
     write_file(std::string(latest_file), encode_latest(tag));
   }
 
@@ -343,7 +342,6 @@ class tag_store {
   }
 
   Store* storage_;
-  metadata last_commit_;                    // its chunk tables are reused by the next commit
   std::vector<std::byte> chunk_map_staging_;  // the buffer the chunk map is streamed through
   std::optional<typename writer_lock_of<Store>::type> writer_lock_;
 };

@@ -65,7 +65,7 @@ inline void write(writer& w, const metadata& md) {
     w.StartArray();
     for (auto e : t.shape) w.Uint64(e);
     w.EndArray();
-    u64(w, "chunks", t.chunks.size());
+    u64(w, "chunks", t.placement ? t.chunk_count : t.chunks.size());
     // Only column-major tensors carry the member: row-major ones are written as before it existed.
     if (t.order == layout::column_major) str(w, "layout", "column_major");
     w.EndObject();
@@ -292,8 +292,9 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
 
 CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_tag, const std::string& file) {
   const auto fail = [&](const std::string& why) { throw error(error_kind::corrupt, file + ": " + why); };
-  if (md.format_version != format_version)
-    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads version " + std::to_string(format_version));
+  if (md.format_version != 1 && md.format_version != metadata_version)
+    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads versions 1 and " +
+         std::to_string(metadata_version));
   if (md.tag != expected_tag) fail("records tag " + printable(md.tag) + " but lives in " + printable(expected_tag));
   if (md.topology.world == 0 || md.topology.tp == 0 || md.topology.pp == 0 || md.topology.dp == 0)
     fail("topology has a zero size");
@@ -320,7 +321,11 @@ CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_t
       fail(e.what());
     }
     const auto& c = t.chunks;
-    if (c.ndim != t.shape.size() || c.size() != t.chunk_count)
+    if (t.placement) {  // version 2: decode_chunk_map checked the layout against the shape and files
+      if (t.placement->chunk_count(t.shape) != t.chunk_count)
+        fail("tensor " + printable(t.name) + ": chunk_map.bin places " + std::to_string(t.placement->chunk_count(t.shape)) +
+             " chunks, metadata.json says " + std::to_string(t.chunk_count));
+    } else if (c.ndim != t.shape.size() || c.size() != t.chunk_count)
       fail("tensor " + printable(t.name) + ": chunk_map.bin holds " + std::to_string(c.size()) + " chunks of rank " +
            std::to_string(c.ndim) + ", metadata.json says " + std::to_string(t.chunk_count) + " of rank " +
            std::to_string(t.shape.size()));
@@ -362,8 +367,8 @@ CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_t
 }
 
 CKPT_DECL std::uint64_t chunk_map_bytes(const metadata& md) noexcept {
-  std::uint64_t size = 16 + 1 + 8;
-  for (const auto& t : md.tensors) size += table_bytes(t.chunks);
+  std::uint64_t size = 0;
+  emit_chunk_map(md, [&](const void*, std::size_t n) { size += n; });
   return size;
 }
 
@@ -383,12 +388,59 @@ CKPT_DECL void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, 
     fail("has " + std::to_string(bytes.size()) + " bytes, metadata.json recorded " + std::to_string(md.chunk_map.size));
   if (xxh3(bytes) != md.chunk_map.xxh3) fail("checksum mismatch");
   if (bytes.size() < 17 || std::memcmp(bytes.data(), chunk_map_magic.data(), 8) != 0) fail("not a ckpt chunk map (bad magic)");
-  if (get_u32(bytes.data() + 8) != format_version || get_u32(bytes.data() + 12) != 0) fail("bad version or flags");
+  if (get_u32(bytes.data() + 8) != md.format_version || get_u32(bytes.data() + 12) != 0)
+    fail("bad version or flags (version " + std::to_string(get_u32(bytes.data() + 8)) + ", metadata.json's is " +
+         std::to_string(md.format_version) + ")");
+  if (md.format_version != 1 && md.format_version != metadata_version)
+    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads versions 1 and " +
+         std::to_string(metadata_version));
   bounded_reader r(bytes.subspan(16), file);
   if (r.u64() != md.tensors.size()) fail("tensor count differs from metadata.json");
+  const layout_files files{static_cast<std::uint32_t>(std::min<std::size_t>(md.files.size(), ~std::uint32_t{0})),
+                           [&](std::uint32_t f) { return f < md.files.size() ? md.files[f].path : "file #" + std::to_string(f); },
+                           [&](std::uint32_t f) { return f < md.files.size() ? md.files[f].size : 0; }};
   for (auto& t : md.tensors) {
-    if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has too many dimensions");
-    r.table(t.chunks, t.shape.size());
+    const auto ndim = t.shape.size();
+    if (ndim > max_dims) fail("tensor " + printable(t.name) + " has too many dimensions");
+    if (md.format_version == 1) {
+      r.table(t.chunks, ndim);
+      continue;
+    }
+    // The layout's arithmetic is on the shape: a shape whose size overflows is damage.
+    try {
+      (void)checked_mul(element_count(t.shape, "tensor " + t.name), size_of(t.type), "tensor " + t.name);
+    } catch (const error&) {
+      fail("tensor " + printable(t.name) + ": the size of its shape " + to_string(t.shape) + " overflows 64 bits");
+    }
+    auto& l = t.placement.emplace();
+    const auto kind = r.u8();
+    const auto coords = [&](chunk_table& into, std::uint64_t n, bool with_file) {
+      into.ndim = static_cast<std::uint32_t>(ndim);
+      into.resize(n);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        if (with_file) into.file[i] = r.u32();
+        if (ndim) r.copy(into.coords.data() + i * 2 * ndim, 2 * ndim * 8);
+      }
+    };
+    if (kind == static_cast<std::uint8_t>(chunk_layout::kind::grid)) {
+      l.how = chunk_layout::kind::grid;
+      l.block.resize(ndim);
+      if (ndim) r.copy(l.block.data(), ndim * 8);
+      coords(l.pieces, r.count(std::max<std::uint64_t>(16 * ndim, 1), "grid piece"), false);
+      l.runs.resize(r.count(16, "file run"));
+      for (auto& run : l.runs) {
+        run.cells = r.u64();
+        run.first = r.u32();
+        run.step = r.u32();
+      }
+    } else if (kind == static_cast<std::uint8_t>(chunk_layout::kind::list)) {
+      l.how = chunk_layout::kind::list;
+      coords(l.chunks, r.count(4 + 16 * ndim, "chunk"), true);
+    } else {
+      fail("tensor " + printable(t.name) + ": unknown layout kind " + std::to_string(kind));
+    }
+    check_layout(t.name, t.shape, l, files, error_kind::corrupt, file + ": ");
+    t.chunks.ndim = static_cast<std::uint32_t>(ndim);
   }
   if (r.remaining() != 0) fail(std::to_string(r.remaining()) + " stray bytes at its end");
 }

@@ -17,6 +17,7 @@
 
 
 #include "../ckpt.hpp"
+#include "chunk_layout.ipp"
 #include "commit.ipp"
 #include "format.ipp"
 #include "gather.ipp"
