@@ -70,10 +70,6 @@ struct chunk_layout {
     }
     return 0;
   }
-  bool operator==(const chunk_layout& o) const {
-    return how == o.how && block == o.block && pieces.coords == o.pieces.coords && runs == o.runs &&
-           chunks.file == o.chunks.file && chunks.coords == o.chunks.coords;
-  }
 };
 
 /// Compresses the file of each cell (in row-major order) into arithmetic runs.

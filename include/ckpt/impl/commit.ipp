@@ -57,7 +57,7 @@ struct report {
   std::vector<value_record> values;
   std::uint64_t schema_hash = 0, schema_size = 0;
   std::vector<std::array<std::uint64_t, 3>> runs;  // cells: count, first, step
-  std::span<const std::byte> lists;                // the chunks of its list tensors
+  std::span<const std::byte> lists;                // the chunks of its list tensors (empty: none)
   std::span<const std::byte> schema;               // empty unless sent
 };
 
@@ -194,6 +194,7 @@ CKPT_DECL rank_summary summarize(const std::optional<written_shard>& w, const st
         cells.push_back(cell);
       } else {
         schema.put(list_kind);
+        if (lists.s.empty()) lists.put<std::uint8_t>(1);  // byte-order flag: rank 0 reads the part in place
         lists.put<std::uint64_t>(c.size());
         if (c.ndim == n) lists.u64s(std::span(c.coords.data(), c.size() * 2 * n));
       }
@@ -389,9 +390,9 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
           if (cell < slots[k].cells && slots[k].files[cell] == f) slots[k].files[cell] = no_file;
         }
     }
-    std::vector<std::byte> list_bytes(1 + rep.lists.size(), std::byte{1});
-    if (!rep.lists.empty()) std::memcpy(list_bytes.data() + 1, rep.lists.data(), rep.lists.size());
-    bounded_reader rd(list_bytes, "the chunk lists of rank " + std::to_string(r), error_kind::communication);
+    static constexpr std::byte no_lists[1] = {std::byte{1}};  // just the byte-order flag
+    bounded_reader rd(rep.lists.empty() ? std::span<const std::byte>(no_lists) : rep.lists,
+                      "the chunk lists of rank " + std::to_string(r), error_kind::communication);
     std::size_t run = 0;
     std::uint64_t in_run = 0;
     std::uint64_t listed = 0;

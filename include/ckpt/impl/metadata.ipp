@@ -290,11 +290,15 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
   }
 }
 
+/// Why a metadata.json of `version` cannot be read ("" when it can).
+inline std::string version_problem(std::uint32_t version) {
+  if (version == 1 || version == metadata_version) return "";
+  return "format version " + std::to_string(version) + ", this ckpt reads versions 1 and " + std::to_string(metadata_version);
+}
+
 CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_tag, const std::string& file) {
   const auto fail = [&](const std::string& why) { throw error(error_kind::corrupt, file + ": " + why); };
-  if (md.format_version != 1 && md.format_version != metadata_version)
-    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads versions 1 and " +
-         std::to_string(metadata_version));
+  if (const auto p = version_problem(md.format_version); !p.empty()) fail(p);
   if (md.tag != expected_tag) fail("records tag " + printable(md.tag) + " but lives in " + printable(expected_tag));
   if (md.topology.world == 0 || md.topology.tp == 0 || md.topology.pp == 0 || md.topology.dp == 0)
     fail("topology has a zero size");
@@ -391,9 +395,7 @@ CKPT_DECL void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, 
   if (get_u32(bytes.data() + 8) != md.format_version || get_u32(bytes.data() + 12) != 0)
     fail("bad version or flags (version " + std::to_string(get_u32(bytes.data() + 8)) + ", metadata.json's is " +
          std::to_string(md.format_version) + ")");
-  if (md.format_version != 1 && md.format_version != metadata_version)
-    fail("format version " + std::to_string(md.format_version) + ", this ckpt reads versions 1 and " +
-         std::to_string(metadata_version));
+  if (const auto p = version_problem(md.format_version); !p.empty()) fail(p);
   bounded_reader r(bytes.subspan(16), file);
   if (r.u64() != md.tensors.size()) fail("tensor count differs from metadata.json");
   const layout_files files{static_cast<std::uint32_t>(std::min<std::size_t>(md.files.size(), ~std::uint32_t{0})),
