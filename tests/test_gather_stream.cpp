@@ -111,7 +111,7 @@ TEST_CASE("gather_to_root over a Transport streams every shard to rank 0: the sa
   for (const auto& e : errors) CHECK(e == "");
   const auto file = fs::path("global_step7") / "mp_rank_00" / "model_optim_rng.ckpt";
   const auto a = file_bytes(streamed.path() / file), b = file_bytes(packed.path() / file);
-  CHECK(a.size() > 3 * rank_state::rows * rank_state::cols * 4);
+  CHECK(a.size() > 2 * rank_state::rows * rank_state::cols * 4);  // all of w and c, at least
   CHECK(a == b);  // byte for byte: streaming changes how bytes travel, not what is written
 
   // The consolidated file loads at any layout: here at tp=2 with megatron.

@@ -108,7 +108,7 @@ TEST_CASE("the posix layout is the NeoX/Megatron one") {
   CHECK(fs::is_regular_file(dir.path() / "global_step200" / "mp_rank_00" / "model_optim_rng.ckpt"));
   for (const auto& e : fs::recursive_directory_iterator(dir.path()))
     CHECK_MESSAGE(e.path().string().find(".tmp.") == std::string::npos, "temporary file left behind: " << e.path());
-  // Chunks start on 4 KiB boundaries so they can be read with O_DIRECT or mmap'd.
+  // The header block alone takes 4 KiB (docs/format.md, section 6).
   const auto size = fs::file_size(dir.path() / "global_step200" / "mp_rank_00" / "model_optim_rng.ckpt");
   CHECK(size > 4096);
 }

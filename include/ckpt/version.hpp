@@ -9,6 +9,7 @@
 namespace ckpt {
 /// "0.1.0"
 inline constexpr const char* version = "0.1.0";
-/// The format version written to every shard file and metadata.json (docs/format.md).
-inline constexpr unsigned format_version = 1;
+/// The format version written to metadata.json, chunk_map.bin and every shard file
+/// (docs/format.md). ckpt reads versions 1 and 2.
+inline constexpr unsigned format_version = 2;
 }  // namespace ckpt

@@ -157,7 +157,11 @@ class chunk_reader {
         const auto& c = wanted[r.tensor].stored->chunks;
         const std::uint32_t file = c.file[r.chunk];
         const std::uint64_t offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
-        if (!runs.empty() && runs.back().file == file && offset == align_up(runs.back().end) && end - runs.back().offset <= most)
+        // Next in the file: right after the run (packed, version 2) or at the next block boundary
+        // (after padding). Not just anywhere before that boundary: in a version-2 file the bytes
+        // between could be small chunks this load does not want.
+        if (!runs.empty() && runs.back().file == file &&
+            (offset == runs.back().end || offset == align_up(runs.back().end)) && end - runs.back().offset <= most)
           runs.back().last = k + 1, runs.back().end = end;
         else
           runs.push_back({k, k + 1, file, offset, end});

@@ -45,7 +45,7 @@ struct file_meta {
 /// The version of metadata.json and chunk_map.bin that ckpt writes: 2, whose chunk map holds
 /// each tensor's chunk_layout (its chunks' details stay in the shard files' footer indexes).
 /// Version 1 tags, whose chunk map lists every chunk with its details, are still read. Shard
-/// files are unchanged (format_version, 1).
+/// files have a version of their own (detail/format.hpp).
 inline constexpr std::uint32_t metadata_version = 2;
 
 /// One tensor: its name, dtype and global shape in metadata.json; where its chunks are in

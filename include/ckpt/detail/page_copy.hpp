@@ -22,8 +22,8 @@ namespace ckpt::detail {
 /// measured (0, 32-160, 192-3072 and 3936-4080; reads and writes alike). The stores then
 /// alias the loads that follow them within 4 KiB, a false dependency the CPU resolves slowly.
 /// The window is taken as a whole cache line for margin. A std::vector's data sits 16 bytes
-/// into its page and chunks sit at 4 KiB boundaries in the file, so loading into vectors meets
-/// it on every chunk. For the page cache, the address is the file position.
+/// into its page and chunks of 64 KiB or more sit at 4 KiB boundaries in the file, so loading
+/// into vectors meets it on every such chunk. For the page cache, the address is the file position.
 constexpr bool slow_page_copy(std::uint64_t destination, std::uint64_t source) noexcept {
   const auto ahead = (destination - source) % 4096;
   return ahead != 0 && ahead < 64;

@@ -59,8 +59,9 @@ std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
     return C::id;
 }
 
-/// Writes one shard file: header block, 4 KiB-aligned chunks, values, footer index, trailer;
-/// then fsyncs and publishes it. The storage writer discards the temporary file on failure.
+/// Writes one shard file (docs/format.md, section 6): header block, chunks (those of 64 KiB or
+/// more at 4 KiB boundaries, smaller ones packed), values, footer index, trailer; then fsyncs and
+/// publishes it. The storage writer discards the temporary file on failure.
 ///
 /// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
 /// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
@@ -156,6 +157,12 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     w.write(block);
   }
   std::uint64_t pos = header_bytes;
+  const auto pad = [&] {  // zeros up to the next 4 KiB boundary
+    if (const auto n = align_up(pos) - pos; n) {
+      w.write(std::span<const std::byte>(zeros.data(), n));
+      pos += n;
+    }
+  };
   shape_t global_offset;
   run_pipeline(
       items.size(), ring.size(), workers,
@@ -221,16 +228,14 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
           const auto base = tensors[j.tensor].ref.global_offset();
           global_offset.resize(base.size());
           for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
+          if (stored.size() >= packed_below) pad();  // smaller chunks follow the one before at once
           out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, stored.size(),
                                                   sl.hash[k - it.first]);
           w.write(stored);
           pos += stored.size();
-          if (const auto pad = align_up(pos) - pos; pad) {
-            w.write(std::span<const std::byte>(zeros.data(), pad));
-            pos += pad;
-          }
         }
       });
+  pad();  // the chunk area ends on a block boundary
   for (const auto& v : values) {
     out.index.values.push_back({v.name, v.rank, pos, v.bytes.size(), xxh3(v.bytes)});
     w.write(v.bytes);
@@ -279,16 +284,23 @@ footer verify_shard_file(const S& storage, const std::string& key, std::uint64_t
                                          std::to_string(expected_size) + " (truncated or extended)");
   std::array<std::byte, header_used> h;
   storage.read(key, 0, h);
-  check_header(h, name);
+  const auto version = check_header(h, name);
   std::array<std::byte, trailer_bytes> tb;
   storage.read(key, *size - trailer_bytes, tb);
   const auto t = check_trailer(tb, *size, name);
+  if (const auto v = get_u32(tb.data() + 24); v != version)
+    throw error(error_kind::corrupt, name + ": its header says format version " + std::to_string(version) + ", its trailer " +
+                                         std::to_string(v));
   if (t.index_xxh3 != expected_index_xxh3)
     throw error(error_kind::corrupt, name + ": footer index checksum " + to_hex(t.index_xxh3) + " differs from the " +
                                          to_hex(expected_index_xxh3) + " recorded in metadata.json");
   footer out{std::vector<std::byte>(t.index_size), t.index_offset};
   storage.read(key, t.index_offset, out.index);
   if (xxh3(out.index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
+  // The index's own version follows its endianness byte; parse_index bounds the rest.
+  if (out.index.size() >= 5 && get_u32(out.index.data() + 1) != version)
+    throw error(error_kind::corrupt, name + ": its header says format version " + std::to_string(version) +
+                                         ", its footer index " + std::to_string(get_u32(out.index.data() + 1)));
   return out;
 }
 

@@ -44,15 +44,15 @@ CKPT_DECL shard_index decode_index(std::span<const std::byte> bytes, const std::
   return idx;
 }
 
-CKPT_DECL void check_header(std::span<const std::byte, header_used> h, const std::string& file) {
+CKPT_DECL std::uint32_t check_header(std::span<const std::byte, header_used> h, const std::string& file) {
   if (std::memcmp(h.data(), header_magic.data(), 8) != 0)
     throw error(error_kind::corrupt, file + " is not a ckpt shard file (bad magic)");
   if (get_u64(h.data() + 16) != xxh3(std::span<const std::byte>(h.data(), 16)))
     throw error(error_kind::corrupt, file + ": header checksum mismatch");
-  if (const auto v = get_u32(h.data() + 8); v != format_version)
-    throw error(error_kind::corrupt, file + " has format version " + std::to_string(v) + ", this ckpt reads version " +
-                                         std::to_string(format_version));
+  if (const auto v = get_u32(h.data() + 8); !readable_version(v))
+    throw error(error_kind::corrupt, file + " has format version " + std::to_string(v) + ", " + versions_read());
   if (get_u32(h.data() + 12) != 0) throw error(error_kind::corrupt, file + ": unknown header flags");
+  return get_u32(h.data() + 8);
 }
 
 CKPT_DECL std::array<std::byte, trailer_bytes> make_trailer(const trailer& t) {
@@ -69,7 +69,7 @@ CKPT_DECL std::array<std::byte, trailer_bytes> make_trailer(const trailer& t) {
 CKPT_DECL trailer check_trailer(std::span<const std::byte, trailer_bytes> b, std::uint64_t file_size, const std::string& file) {
   if (std::memcmp(b.data() + 32, trailer_magic.data(), 8) != 0)
     throw error(error_kind::corrupt, file + ": no index trailer at the end of the file (truncated or extended?)");
-  if (get_u32(b.data() + 24) != format_version || get_u32(b.data() + 28) != 0)
+  if (!readable_version(get_u32(b.data() + 24)) || get_u32(b.data() + 28) != 0)
     throw error(error_kind::corrupt, file + ": bad trailer version or flags");
   trailer t{get_u64(b.data()), get_u64(b.data() + 8), get_u64(b.data() + 16)};
   if (t.index_offset < header_bytes || t.index_offset > file_size || t.index_size > file_size - t.index_offset ||
