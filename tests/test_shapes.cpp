@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -83,6 +84,28 @@ TEST_CASE("extents: a checkpoint made with int sizes saves and loads at another 
   CHECK(whole[0] == 0.0f);
   CHECK(whole[12] == 100.0f);
   CHECK(whole[23] == 111.0f);
+}
+
+TEST_CASE("checked_size overflows exactly where element_count and checked_mul would throw") {
+  using ckpt::detail::checked_size;
+  const std::uint64_t big = std::uint64_t{1} << 32;
+  const std::vector<std::vector<std::uint64_t>> shapes = {
+      {}, {0}, {3, 4}, {big, big - 1}, {big, big}, {big, big, 0}, {0, big, big}, {big / 2, big}, {1, 1, 1}};
+  for (const auto& shape : shapes)
+    for (const std::uint64_t size : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{8}}) {
+      CAPTURE(ckpt::detail::to_string(shape));
+      CAPTURE(size);
+      std::optional<std::uint64_t> thrown_free;
+      try {
+        thrown_free = ckpt::detail::checked_mul(ckpt::detail::element_count(shape, "s"), size, "s");
+      } catch (const ckpt::error&) {
+      }
+      CHECK(checked_size(shape, size) == thrown_free);
+    }
+  CHECK(checked_size(std::vector<std::uint64_t>{big, big - 1}) == (big * (big - 1)));
+  CHECK_FALSE(checked_size(std::vector<std::uint64_t>{big, big}));
+  CHECK_FALSE(checked_size(std::vector<std::uint64_t>{big, big, 0}));  // in order, as element_count
+  CHECK(checked_size(std::vector<std::uint64_t>{0, big, big}) == 0);
 }
 
 TEST_CASE("extents: a negative or overflowing size is refused by v.tensor, naming the tensor") {

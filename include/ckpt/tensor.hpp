@@ -137,6 +137,19 @@ namespace detail {
 CKPT_DECL std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const std::string& what);
 /// Number of elements of `shape`, checked for overflow.
 CKPT_DECL std::uint64_t element_count(std::span<const std::uint64_t> shape, const std::string& what);
+/// The elements of `shape` times `element_size` (in that order, as element_count then
+/// checked_mul), or nothing when that does not fit in 64 bits. For checks made once per tensor,
+/// which build their message only when it fails: a state of 100,000 tensors would otherwise
+/// build several strings per tensor that no one reads.
+inline std::optional<std::uint64_t> checked_size(std::span<const std::uint64_t> shape, std::uint64_t element_size = 1) noexcept {
+  std::uint64_t n = 1;
+  for (const auto e : shape) {
+    if (n != 0 && e > std::numeric_limits<std::uint64_t>::max() / n) return std::nullopt;
+    n *= e;
+  }
+  if (n != 0 && element_size > std::numeric_limits<std::uint64_t>::max() / n) return std::nullopt;
+  return n * element_size;
+}
 /// "[3, 4]" for messages and metadata.
 CKPT_DECL std::string to_string(std::span<const std::uint64_t> shape);
 }  // namespace detail
@@ -154,8 +167,10 @@ class tensor_ref {
  public:
   tensor_ref(dtype type, shape_t shape, void* data, device where = device::host())
       : type_(type), shape_(std::move(shape)), data_(static_cast<std::byte*>(data)), where_(where) {
-    bytes_ = detail::checked_mul(detail::element_count(shape_, "tensor of shape " + detail::to_string(shape_)),
-                                 size_of(type_), "tensor of shape " + detail::to_string(shape_));
+    const auto bytes = detail::checked_size(shape_, size_of(type_));
+    if (!bytes)
+      throw error(error_kind::invalid_argument, "tensor of shape " + detail::to_string(shape_) + ": element count overflows 64 bits");
+    bytes_ = *bytes;
   }
   /// A read-only tensor: saving works, loading into it is an error.
   tensor_ref(dtype type, shape_t shape, const void* data, device where = device::host())
@@ -286,7 +301,9 @@ template <element_type T, class A>
 tensor_ref view(std::vector<T, A>& v, extents shape) {
   static_assert(!std::is_same_v<T, bool>, "ckpt: std::vector<bool> is not contiguous: use std::vector<std::uint8_t>");
   if (!detail::negative_entry(shape).empty()) return view(v.data(), std::move(shape));  // refused by v.tensor, by name
-  const auto n = detail::element_count(shape, "view of shape " + detail::to_string(shape));
+  const auto count = detail::checked_size(shape);
+  if (!count) throw error(error_kind::invalid_argument, "view of shape " + detail::to_string(shape) + ": element count overflows 64 bits");
+  const auto n = *count;
   if (n != v.size())
     throw error(error_kind::invalid_argument, "view of shape " + detail::to_string(shape) + " needs " +
                                                   std::to_string(n) + " elements, the vector holds " +

@@ -36,7 +36,9 @@ void check_tiling(const std::string& tensor, std::span<const std::uint64_t> glob
   auto fail = [&](const std::string& what) {
     throw error(kind, context + "tensor " + printable(tensor) + ": " + what);
   };
-  std::uint64_t total = element_count(global, "tensor " + tensor);
+  const auto size = checked_size(global);
+  if (!size) throw error(error_kind::invalid_argument, "tensor " + tensor + ": element count overflows 64 bits");
+  const std::uint64_t total = *size;
   if (chunks.ndim != n)
     fail("its chunks have " + std::to_string(chunks.ndim) + " dimensions, the tensor has " + std::to_string(n));
   for (std::size_t i = 0; i < chunks.size(); ++i) {
@@ -54,6 +56,10 @@ void check_tiling(const std::string& tensor, std::span<const std::uint64_t> glob
     if (chunks.size() != 1) fail("scalar stored " + std::to_string(chunks.size()) + " times");
     return;
   }
+  // One chunk that is the whole tensor (most tensors of a single-process save): nothing to sort.
+  if (chunks.size() == 1 && std::ranges::all_of(chunks.offset(0), [](std::uint64_t o) { return o == 0; }) &&
+      std::ranges::equal(chunks.shape(0), global))
+    return;
   // The common case: every chunk spans the whole tensor in all dimensions but one (a split
   // along one dimension, chunked along the same one). Sorting the chunks along it and checking
   // that each starts where the previous ended proves the tiling in O(n log n).

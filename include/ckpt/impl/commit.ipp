@@ -269,7 +269,7 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
 
   // Every tensor, in order of first sighting, and whether all its writers agree on one grid.
   struct merged {
-    const schema_entry* first = nullptr;  // where it was first seen
+    schema_entry* first = nullptr;  // where it was first seen (its block and pieces move to the layout)
     bool grid = true;
     // A grid's cells: the file of each (no_file until one claims it), or, when it has more
     // cells than writers (so it has a gap, and the array could be huge), (cell, file) pairs.
@@ -469,7 +469,7 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
   std::atomic<std::size_t> next{0};
   auto finish = [&](std::size_t i) {
     auto& m = tensors[i];
-    const auto& e = *m.first;
+    auto& e = *m.first;
     auto& t = out[i];
     t.name = e.name;
     t.type = e.type;
@@ -488,15 +488,15 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
       return;
     }
     l.how = chunk_layout::kind::grid;
-    l.block = e.block;
-    l.pieces = e.pieces;
+    l.block = std::move(e.block);  // the merge is the schema's last reader
+    l.pieces = std::move(e.pieces);
     const auto n = e.shape.size();
     const auto region_of = [&](std::uint64_t cell) {
       shape_t a(n), b(n);
       for (std::size_t d = n; d > 0; --d) {
-        const auto k = e.shape[d - 1] / e.block[d - 1];
-        a[d - 1] = cell % k * e.block[d - 1];
-        b[d - 1] = a[d - 1] + e.block[d - 1];
+        const auto k = e.shape[d - 1] / l.block[d - 1];
+        a[d - 1] = cell % k * l.block[d - 1];
+        b[d - 1] = a[d - 1] + l.block[d - 1];
         cell /= k;
       }
       return region_string(a, b);

@@ -319,11 +319,7 @@ CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_t
       fail("tensor name " + printable(t.name) + " " + p);
     }
     if (t.shape.size() > max_dims) fail("tensor " + printable(t.name) + " has " + std::to_string(t.shape.size()) + " dimensions");
-    try {
-      checked_mul(element_count(t.shape, "tensor " + t.name), size_of(t.type), "tensor " + t.name);
-    } catch (const error& e) {
-      fail(e.what());
-    }
+    if (!checked_size(t.shape, size_of(t.type))) fail("tensor " + t.name + ": element count overflows 64 bits");
     const auto& c = t.chunks;
     if (t.placement) {  // version 2: decode_chunk_map checked the layout against the shape and files
       if (t.placement->chunk_count(t.shape) != t.chunk_count)
@@ -409,11 +405,8 @@ CKPT_DECL void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, 
       continue;
     }
     // The layout's arithmetic is on the shape: a shape whose size overflows is damage.
-    try {
-      (void)checked_mul(element_count(t.shape, "tensor " + t.name), size_of(t.type), "tensor " + t.name);
-    } catch (const error&) {
+    if (!checked_size(t.shape, size_of(t.type)))
       fail("tensor " + printable(t.name) + ": the size of its shape " + to_string(t.shape) + " overflows 64 bits");
-    }
     auto& l = t.placement.emplace();
     const auto kind = r.u8();
     const auto coords = [&](chunk_table& into, std::uint64_t n, bool with_file) {

@@ -18,7 +18,8 @@ CKPT_DECL void check_tensor(const std::string& name, const tensor_ref& t) {
                                                     std::to_string(s->global_shape.size()) + "-d global shape and " +
                                                     std::to_string(s->offset.size()) + "-d offset for a " + std::to_string(n) +
                                                     "-d tensor");
-    element_count(s->global_shape, "tensor " + name);
+    if (!checked_size(s->global_shape))
+      throw error(error_kind::invalid_argument, "tensor " + std::string(name) + ": element count overflows 64 bits");
     for (std::size_t d = 0; d < n; ++d)
       if (s->offset[d] > s->global_shape[d] || t.shape()[d] > s->global_shape[d] - s->offset[d])
         throw error(error_kind::invalid_argument, "tensor " + printable(name) + ": local shape " + to_string(t.shape()) +
