@@ -75,9 +75,9 @@ ckpt::detail::written_shard shard(std::uint32_t r, std::uint32_t ranks, std::uin
 /// Where the footer index of such a shard starts: after its chunks and values.
 std::uint64_t index_offset(std::uint32_t tensors) { return ckpt::detail::align_up(4096 + std::uint64_t{tensors} * 4096 + 5009); }
 
-/// Writes rank r's shard file as write_shard lays it out (header, chunks, values, footer
-/// index, trailer; the chunk bytes left zero, which no planning reads) and records its size
-/// and footer checksum in `w`.
+/// Writes rank r's shard file in write_shard's order (header, chunks, values, footer index,
+/// trailer; the chunks 4 KiB apart, as small chunks may be, and their bytes left zero, which no
+/// planning reads) and records its size and footer checksum in `w`.
 void write_shard_file(ckpt::posix& disk, const std::string& tag, ckpt::detail::written_shard& w, std::uint32_t tensors) {
   const auto index = ckpt::detail::encode_index(w.index);
   const auto at = index_offset(tensors);

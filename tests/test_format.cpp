@@ -429,7 +429,7 @@ TEST_CASE("a shard file of an unknown version, or whose header and trailer disag
   ckpt::checkpointer cp{ckpt::single_process{}, mem};
   cp.save(1, m);
   auto& file = mem.bytes("global_step1/mp_rank_00/model_optim_rng.ckpt");
-  const auto good = file;
+  const auto good = file, good_json = mem.bytes("global_step1/metadata.json"), good_map = mem.bytes("global_step1/chunk_map.bin");
   SUBCASE("version 3 in the header") {
     put_u32(file.data() + 8, 3);
     put_u64(file.data() + 16, xxh3(std::span<const std::byte>(file.data(), 16)));
@@ -443,19 +443,28 @@ TEST_CASE("a shard file of an unknown version, or whose header and trailer disag
     CHECK(e.kind() == ckpt::error_kind::corrupt);
     CHECK(test::mentions(e.what(), "its header says format version 2, its trailer 1"));
   }
-  SUBCASE("version 0 in the footer index") {
-    // The index is checksummed (metadata.json and the trailer record its XXH3): only a hostile
-    // file gets here, with both checksums made to match.
+  SUBCASE("version 1 in the footer index of a version-2 file, both its checksums made to match") {
+    auto md = test::read_metadata(mem, "global_step1");
     const auto at = get_u64(file.data() + file.size() - 40), size = get_u64(file.data() + file.size() - 32);
-    const auto idx = std::span<const std::byte>(file).subspan(at, size);
-    CHECK(test::mentions(test::catch_error([&] {
-                           std::vector<std::byte> b(idx.begin(), idx.end());
-                           put_u32(b.data() + 1, 0);
-                           (void)decode_index(b, "f");
-                         }).what(),
+    put_u32(file.data() + at + 1, 1);  // after the endianness byte
+    const auto hash = xxh3(std::span<const std::byte>(file).subspan(at, size));
+    put_u64(file.data() + file.size() - 24, hash);
+    md.files[0].index_xxh3 = hash;
+    test::write_metadata(mem, md, "global_step1");
+    const auto e = test::catch_error([&] { cp.load(m); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(test::mentions(e.what(), "model_optim_rng.ckpt: its header says format version 2, its footer index 1"));
+  }
+  SUBCASE("version 0 in a footer index, parsed") {
+    const auto at = get_u64(file.data() + file.size() - 40), size = get_u64(file.data() + file.size() - 32);
+    std::vector<std::byte> b(file.begin() + static_cast<std::ptrdiff_t>(at), file.begin() + static_cast<std::ptrdiff_t>(at + size));
+    put_u32(b.data() + 1, 0);
+    CHECK(test::mentions(test::catch_error([&] { (void)decode_index(b, "f"); }).what(),
                          "format version 0, this ckpt reads versions 1 to 2"));
   }
   file = good;
+  mem.bytes("global_step1/metadata.json") = good_json;
+  mem.bytes("global_step1/chunk_map.bin") = good_map;
   cp.load(m);
   CHECK(m.t[0] == std::vector<std::uint8_t>(100, 1));
 }

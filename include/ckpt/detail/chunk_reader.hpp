@@ -157,9 +157,11 @@ class chunk_reader {
         const auto& c = wanted[r.tensor].stored->chunks;
         const std::uint32_t file = c.file[r.chunk];
         const std::uint64_t offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
-        // Next in the file: right after the run (packed, version 2) or at the next block boundary
-        // (after padding). Not just anywhere before that boundary: in a version-2 file the bytes
-        // between could be small chunks this load does not want.
+        // Next in the file: right after the run (packed, shard-file version 2) or at the next
+        // block boundary (after padding). Not anywhere else before that boundary, where the bytes
+        // between could be several small chunks this load does not want; the boundary itself
+        // costs at most 4 KiB read ahead of a large chunk (each chunk is still read and verified
+        // at its own offset).
         if (!runs.empty() && runs.back().file == file &&
             (offset == runs.back().end || offset == align_up(runs.back().end)) && end - runs.back().offset <= most)
           runs.back().last = k + 1, runs.back().end = end;
