@@ -3,6 +3,7 @@
 #include "helpers.hpp"
 
 #include <ckpt/detail/keys.hpp>
+#include <ckpt/detail/name_set.hpp>
 
 #include <bit>
 #include <cmath>
@@ -96,6 +97,26 @@ TEST_CASE("names: hierarchical, no empty segment, no separators or control chara
   } catch (const ckpt::error& e) {
     CHECK(std::string(e.what()).size() < 400);
   }
+}
+
+TEST_CASE("name_set: a name is refused the second time, across the table's growth") {
+  ckpt::detail::name_set seen;
+  CHECK(seen.insert(""));
+  CHECK_FALSE(seen.insert(""));
+  // Names that are prefixes of one another, or differ in their last byte, are all distinct.
+  for (const char* n : {"a", "a.b", "a.bc", "a.bd", "b"}) CHECK(seen.insert(n));
+  for (const char* n : {"a", "a.b", "a.bc", "a.bd", "b"}) CHECK_FALSE(seen.insert(n));
+  // 10,000 names make the table grow several times; each stays found afterwards.
+  for (int i = 0; i < 10000; ++i) REQUIRE(seen.insert("layers." + std::to_string(i) + ".w"));
+  CHECK(seen.size() == 10006);
+  for (int i = 0; i < 10000; i += 7) CHECK_FALSE(seen.insert("layers." + std::to_string(i) + ".w"));
+  CHECK(seen.insert("layers.10000.w"));
+  CHECK(seen.size() == 10007);
+  // Through the visitor: the same name twice is refused, naming it.
+  ckpt::visitor v;
+  float x = 0, y = 0;
+  v.tensor("w", x);
+  CHECK_THROWS_WITH_AS(v.tensor("w", y), "the state names 'w' twice", ckpt::error);
 }
 
 TEST_CASE("tags are single safe path components") {

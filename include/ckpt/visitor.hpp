@@ -13,7 +13,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -34,6 +33,7 @@
 #include <cereal/types/variant.hpp>
 #include <cereal/types/vector.hpp>
 
+#include "detail/name_set.hpp"
 #include "detail/span_stream.hpp"
 #include "error.hpp"
 #include "names.hpp"
@@ -370,6 +370,9 @@ class visitor {
 
   /// The tensors recorded so far, in visiting order.
   const std::vector<tensor_entry>& tensors() const noexcept { return tensors_; }
+  /// The tensors recorded so far, moved out: a save's plan takes them (and their names) instead
+  /// of copying them; the visitor holds none afterwards.
+  std::vector<tensor_entry> take_tensors() noexcept { return std::move(tensors_); }
   /// The values recorded so far, in visiting order.
   const std::vector<value_entry>& values() const noexcept { return values_; }
 
@@ -390,7 +393,7 @@ class visitor {
     // length limit (checked again in full, for its message) and, where there is no prefix,
     // nothing at all: a model of 100,000 tensors checks each name once, not twice.
     if (!prefix_.empty() && full.size() > max_name_length) validate_name(full);
-    if (!seen_.insert(full).second)
+    if (!seen_.insert(full))
       throw error(error_kind::invalid_argument, "the state names " + detail::printable(full) + " twice");
     return full;
   }
@@ -399,7 +402,7 @@ class visitor {
   const saved_contents* saved_ = nullptr;
   std::vector<std::string> skipped_;
   std::string prefix_;
-  std::unordered_set<std::string> seen_;
+  detail::name_set seen_;
   std::vector<tensor_entry> tensors_;
   std::vector<value_entry> values_;
 };

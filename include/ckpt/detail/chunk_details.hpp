@@ -150,7 +150,12 @@ std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::
       if (found[k].size() == 0) continue;
       auto& t = md.tensors[k];
       t.chunks.ndim = static_cast<std::uint32_t>(t.shape.size());
-      t.chunks.append(found[k], f);
+      if (t.chunks.size() == 0) {  // the tensor's first file (most often its only one): take the table whole
+        std::swap(t.chunks, found[k]);
+        std::fill(t.chunks.file.begin(), t.chunks.file.end(), f);
+      } else {
+        t.chunks.append(found[k], f);
+      }
       found[k].clear();
     }
   }

@@ -46,10 +46,10 @@ struct chunk_layout {
   // `pieces` are each cell's chunks, their offsets relative to the cell's origin; `runs` give
   // the file of every cell, cells in row-major order.
   shape_t block;
-  chunk_table pieces;  // coordinates only
+  region_table pieces;  // file unused
   std::vector<file_run> runs;
   // list: every chunk's file and region.
-  chunk_table chunks;  // file and coordinates only
+  region_table chunks;
 
   /// Cells of a grid (1 for a list); valid once check_layout passed.
   std::uint64_t cells(std::span<const std::uint64_t> shape) const noexcept {
@@ -122,7 +122,8 @@ void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape,
     for (std::size_t p = 0; p < l.pieces.size(); ++p) f(l.file_of_cell(0), l.pieces.offset(p), l.pieces.shape(p));
     return;
   }
-  shape_t lo(n), hi(n), grid(n), idx(n), at(n);
+  if (n > max_dims) throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(n) + " dimensions");
+  dims_array lo, hi, grid, idx, at;
   for (std::size_t d = 0; d < n; ++d) {
     if (dst.shape[d] == 0) return;
     grid[d] = shape[d] / l.block[d];
@@ -131,6 +132,7 @@ void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape,
     if (lo[d] >= hi[d]) return;
   }
   idx = lo;
+  const std::span<const std::uint64_t> chunk_at(at.data(), n);
   for (;;) {
     std::uint64_t cell = 0;
     for (std::size_t d = 0; d < n; ++d) cell = cell * grid[d] + idx[d];
@@ -138,7 +140,7 @@ void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape,
     for (std::size_t p = 0; p < l.pieces.size(); ++p) {
       const auto off = l.pieces.offset(p), shp = l.pieces.shape(p);
       for (std::size_t d = 0; d < n; ++d) at[d] = idx[d] * l.block[d] + off[d];
-      if (overlaps({at, shp}, dst)) f(file, std::span<const std::uint64_t>(at), shp);
+      if (overlaps({chunk_at, shp}, dst)) f(file, chunk_at, shp);
     }
     std::size_t d = n;
     while (d > 0) {

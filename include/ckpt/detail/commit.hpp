@@ -74,12 +74,6 @@ bool sends_schema(Comm& comm, const rank_summary& s) {
   return true;
 }
 
-/// Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
-struct name_hash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
-
 /// How many threads rank 0 finishes the merge with (each tensor's cells sorted and checked).
 inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
 

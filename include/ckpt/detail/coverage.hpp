@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../error.hpp"
@@ -28,13 +29,15 @@ inline std::string region_string(std::span<const std::uint64_t> lo, std::span<co
 /// Throws an error of `kind` naming the tensor and the region when `chunks` do not tile
 /// `global` exactly once. At save a bad tiling is the caller's mistake (invalid_argument); at
 /// load it means a damaged or hostile metadata.json (corrupt).
-/// `where(i)` names the file of chunk i for messages.
-template <class Where>
-void check_tiling(const std::string& tensor, std::span<const std::uint64_t> global, const chunk_table& chunks,
-                  Where&& where, error_kind kind, const std::string& context) {
+/// `where(i)` names the file of chunk i for messages; a message starts with `context` and then
+/// `context_more` (two parts, so that a caller checking every tensor builds no string for the
+/// ones that pass).
+template <class Table, class Where>
+void check_tiling(const std::string& tensor, std::span<const std::uint64_t> global, const Table& chunks,
+                  Where&& where, error_kind kind, std::string_view context, std::string_view context_more = {}) {
   const std::size_t n = global.size();
   auto fail = [&](const std::string& what) {
-    throw error(kind, context + "tensor " + printable(tensor) + ": " + what);
+    throw error(kind, std::string(context).append(context_more) + "tensor " + printable(tensor) + ": " + what);
   };
   const auto size = checked_size(global);
   if (!size) throw error(error_kind::invalid_argument, "tensor " + tensor + ": element count overflows 64 bits");

@@ -21,6 +21,7 @@
 #include "chunk_table.hpp"
 #include "hash.hpp"
 #include "packed.hpp"
+#include "region.hpp"
 #include "span_stream.hpp"
 
 #include "../impl/decl.hpp"
@@ -48,7 +49,6 @@ inline constexpr std::array<char, 8> header_magic = {'C', 'K', 'P', 'T', 'S', 'H
 inline constexpr std::array<char, 8> trailer_magic = {'C', 'K', 'P', 'T', 'I', 'N', 'D', 'X'};
 inline constexpr std::uint64_t header_used = 24;         // magic, version, flags, checksum
 inline constexpr std::uint64_t trailer_bytes = 40;
-inline constexpr std::size_t max_dims = 64;
 
 inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }
 
@@ -108,19 +108,31 @@ struct table_widths {
     if (c == 2 * ndim + 1) return "codec";
     return c == 2 * ndim + 2 ? "file_offset" : "stored_size";
   }
+  /// The widths of a table's packed columns, in disk order (`size()` of them). A fixed array:
+  /// the footer index of 100,000 one-chunk tensors asks for 100,000 of these.
+  struct column_widths {
+    std::array<std::uint8_t, 2 * max_dims + 4> w{};  // columns(max_dims)
+    std::size_t n = 0;
+    const std::uint8_t* data() const noexcept { return w.data(); }
+    std::size_t size() const noexcept { return n; }
+    std::uint8_t operator[](std::size_t c) const noexcept { return w[c]; }
+    operator std::span<const std::uint8_t>() const noexcept { return {w.data(), n}; }
+  };
   /// The width of every packed column of `t`, in disk order: the fewest bytes its values need.
-  static std::vector<std::uint8_t> of(const chunk_table& t) {
+  static column_widths of(const chunk_table& t) {
     const std::size_t n = t.size(), nd = t.ndim;
-    std::vector<std::uint64_t> bits(columns(nd), 0);
+    if (nd > max_dims) throw error(error_kind::invalid_argument, "a chunk table of " + std::to_string(nd) + " dimensions");
+    std::array<std::uint64_t, 2 * max_dims + 4> bits{};
     bits[0] = column_bits(t.file.data(), n, 1);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t d = 0; d < 2 * nd; ++d) bits[1 + d] |= t.coords[i * 2 * nd + d];
     bits[2 * nd + 1] = column_bits(t.codec.data(), n, 1);
     bits[2 * nd + 2] = column_bits(t.file_offset.data(), n, 1);
     bits[2 * nd + 3] = column_bits(t.stored_size.data(), n, 1);
-    std::vector<std::uint8_t> w(bits.size());
-    for (std::size_t c = 0; c < bits.size(); ++c) w[c] = static_cast<std::uint8_t>(packed_width(bits[c]));
-    return w;
+    column_widths out;
+    out.n = columns(nd);
+    for (std::size_t c = 0; c < out.n; ++c) out.w[c] = static_cast<std::uint8_t>(packed_width(bits[c]));
+    return out;
   }
   /// Bytes one chunk takes with these widths: the packed columns and the 8-byte xxh3.
   static std::uint64_t per_chunk(std::span<const std::uint8_t> widths) noexcept {
@@ -303,6 +315,8 @@ inline void write_string(cereal::PortableBinaryOutputArchive& ar, const std::str
   ar(static_cast<std::uint64_t>(s.size()));
   ar(cereal::binary_data(s.data(), s.size()));
 }
+static_assert(table_widths::columns(max_dims) == 2 * max_dims + 4, "column_widths holds every column");
+
 /// Bytes put_table writes for `t`.
 inline std::uint64_t table_bytes(const chunk_table& t) { return table_widths::bytes(table_widths::of(t), t.size()); }
 

@@ -3,16 +3,27 @@
 // byte runs that copy one into the other. Resharding and chunked loads both rest on this.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "../error.hpp"
 #include "../tensor.hpp"
 
 #include "../impl/decl.hpp"
 
 namespace ckpt::detail {
+
+/// The most dimensions a saved tensor may have: a save refuses more (save_plan), and so does
+/// every reader of metadata.json, chunk_map.bin and footer indexes.
+inline constexpr std::size_t max_dims = 64;
+
+/// Scratch coordinates of one tensor (at most max_dims), on the stack: work done once per
+/// tensor allocates nothing for them, which matters at 100,000 tensors.
+using dims_array = std::array<std::uint64_t, max_dims>;
 
 /// A slice of a global tensor: `offset` and `shape` have one entry per dimension.
 struct region {
@@ -39,13 +50,14 @@ std::uint64_t for_each_overlap_run(region src, region dst, std::uint64_t elem, F
     run(0, 0, elem);
     return elem;
   }
-  shape_t lo(n), hi(n);
+  if (n > max_dims) throw error(error_kind::invalid_argument, "a region of " + std::to_string(n) + " dimensions");
+  dims_array lo, hi;  // called once per chunk read: no allocations
   for (std::size_t d = 0; d < n; ++d) {
     lo[d] = std::max(src.offset[d], dst.offset[d]);
     hi[d] = std::min(src.offset[d] + src.shape[d], dst.offset[d] + dst.shape[d]);
     if (lo[d] >= hi[d]) return 0;
   }
-  shape_t sstride(n), dstride(n);
+  dims_array sstride, dstride;
   sstride[n - 1] = dstride[n - 1] = elem;
   for (std::size_t d = n - 1; d > 0; --d) {
     sstride[d - 1] = sstride[d] * src.shape[d];
@@ -57,7 +69,7 @@ std::uint64_t for_each_overlap_run(region src, region dst, std::uint64_t elem, F
          hi[k] == dst.offset[k] + dst.shape[k])
     --k;
   const std::uint64_t run_bytes = (hi[k] - lo[k]) * sstride[k];
-  shape_t idx(lo.begin(), lo.begin() + static_cast<std::ptrdiff_t>(k));
+  dims_array idx = lo;  // only its first k entries are used
   std::uint64_t total = 0;
   for (;;) {
     std::uint64_t s = (lo[k] - src.offset[k]) * sstride[k], t = (lo[k] - dst.offset[k]) * dstride[k];

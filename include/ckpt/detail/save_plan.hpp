@@ -56,20 +56,21 @@ inline save_plan new_save_plan(std::uint64_t iteration, const save_options& opts
 CKPT_DECL void check_tensor(const std::string& name, const tensor_ref& t);
 
 /// Fills the plan from a visited state: each tensor checked and given to this rank (`writes`)
-/// or left to another, the validation logits on rank 0, every value encoded.
+/// or left to another, the validation logits on rank 0, every value encoded. The tensors are
+/// moved out of `v` (take_tensors), not copied.
 template <class Policy, class Device>
-void collect_state(save_plan& plan, const visitor& v, const Policy& policy, const Device& device, const save_options& opts,
+void collect_state(save_plan& plan, visitor& v, const Policy& policy, const Device& device, const save_options& opts,
                    int rank) {
-  for (const auto& t : v.tensors()) {
+  for (auto& t : v.take_tensors()) {
     check_tensor(t.name, t.ref);
     if (!device.accepts(t.ref.where()))
       throw error(error_kind::invalid_argument, "tensor " + printable(t.name) +
                                                     " lives on a device this checkpointer's DevicePolicy does not "
                                                     "handle (host_copy handles host memory only)");
     if (policy.writes(t.name, t.ref))
-      plan.mine.push_back({t.name, t.ref});
+      plan.mine.push_back({std::move(t.name), std::move(t.ref)});
     else
-      plan.held.push_back(t.name);  // rank 0 checks that some rank did write it
+      plan.held.push_back(std::move(t.name));  // rank 0 checks that some rank did write it
   }
   if (opts.validation_logits && rank == 0) {
     check_validation_logits(*opts.validation_logits);

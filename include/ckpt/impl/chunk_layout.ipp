@@ -57,7 +57,7 @@ CKPT_DECL void check_layout(const std::string& tensor, std::span<const std::uint
   if (listed != cells)
     fail("its runs of files cover " + std::to_string(listed) + " of its " + std::to_string(cells) + " grid cells");
   // Every cell is cut the same way: the pieces must tile one cell exactly once.
-  check_tiling(tensor, l.block, l.pieces, [](std::size_t) { return std::string("a grid cell"); }, kind, context + "(grid cell) ");
+  check_tiling(tensor, l.block, l.pieces, [](std::size_t) { return std::string("a grid cell"); }, kind, context, "(grid cell) ");
 }
 
 CKPT_DECL std::uint64_t chunks_in_file_count(const chunk_layout& l, std::uint32_t file) {
@@ -82,7 +82,8 @@ CKPT_DECL void chunks_in_file(const chunk_layout& l, std::span<const std::uint64
       if (l.chunks.file[i] == file) out.push(file, l.chunks.offset(i), l.chunks.shape(i), 0, 0, 0, 0);
     return;
   }
-  shape_t grid(n), at(n);
+  if (n > max_dims) throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(n) + " dimensions");
+  dims_array grid, at, o;
   for (std::size_t d = 0; d < n; ++d) grid[d] = shape[d] / l.block[d];
   auto add_cell = [&](std::uint64_t cell) {
     std::uint64_t rest = cell;
@@ -92,9 +93,8 @@ CKPT_DECL void chunks_in_file(const chunk_layout& l, std::span<const std::uint64
     }
     for (std::size_t p = 0; p < l.pieces.size(); ++p) {
       const auto off = l.pieces.offset(p);
-      shape_t o(n);
       for (std::size_t d = 0; d < n; ++d) o[d] = at[d] + off[d];
-      out.push(file, o, l.pieces.shape(p), 0, 0, 0, 0);
+      out.push(file, std::span<const std::uint64_t>(o.data(), n), l.pieces.shape(p), 0, 0, 0, 0);
     }
   };
   std::uint64_t start = 0;

@@ -10,7 +10,13 @@ CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::
   const std::size_t n = shape.size();
   std::uint64_t total = elem;
   for (auto e : shape) total *= e;  // overflow was ruled out when the tensor_ref was made
-  if (n == 0 || total == 0 || total <= target) return {{shape_t(n, 0), shape, 0, total}};
+  if (n == 0 || total == 0 || total <= target) {  // one chunk: made in place (no copies of its shapes)
+    std::vector<chunk_slice> one(1);
+    one[0].offset.assign(n, 0);
+    one[0].shape = shape;
+    one[0].bytes = total;
+    return one;
+  }
   shape_t step(n);  // bytes of one index step along each dimension
   step[n - 1] = elem;
   for (std::size_t d = n - 1; d > 0; --d) step[d - 1] = step[d] * shape[d];
