@@ -237,6 +237,25 @@ TEST_CASE("a metadata.json with a valid checksum but hostile contents is rejecte
   CHECK(std::string(e.what()).find("nested too deeply") != std::string::npos);
 }
 
+TEST_CASE("metadata.json's pre-scan: brackets inside strings do not nest, whatever their escapes") {
+  using ckpt::detail::check_json_depth;
+  const std::string deep(ckpt::detail::max_json_depth + 1, '[');
+  CHECK_NOTHROW(check_json_depth(std::string(ckpt::detail::max_json_depth, '['), "f"));
+  // Inside a string (its quote escaped): not nesting.
+  CHECK_NOTHROW(check_json_depth("{\"a\\\"" + deep + "\": 1}", "f"));
+  CHECK_NOTHROW(check_json_depth("{\"a\\\\\\\"" + deep + "\": 1}", "f"));  // three backslashes: still escaped
+  // After an escaped backslash the string has ended: the brackets nest.
+  CHECK_THROWS_WITH_AS(check_json_depth("[\"a\\\\\", " + deep, "f"), doctest::Contains("f: JSON nested too deeply"), ckpt::error);
+  // A number past a string with an escaped quote is still checked.
+  CHECK_THROWS_WITH_AS(check_json_depth("[\"\\\"\", 1e0000]", "f"), doctest::Contains("f: number '1e0000' at byte 7 is longer than any ckpt writes"),
+                       ckpt::error);
+  // 20 MiB of backslashes (an even run: the string ends after it), then too deep.
+  CHECK_THROWS_WITH_AS(check_json_depth("[\"" + std::string(std::size_t{20} << 20, '\\') + "\", " + deep, "f"),
+                       doctest::Contains("nested too deeply"), ckpt::error);
+  // An unterminated string ends the scan; the parser reports it.
+  CHECK_NOTHROW(check_json_depth("[\"abc" + deep, "f"));
+}
+
 TEST_CASE("a damaged file on disk is caught through the posix storage too") {
   test::temp_dir dir;
   ckpt::checkpointer<> cp{{}, dir.path()};
