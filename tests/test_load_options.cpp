@@ -80,6 +80,47 @@ TEST_CASE("strict load names every missing and unexpected entry; non-strict list
   CHECK(r.unexpected == std::vector<std::string>{"optimizer.m", "optimizer.step"});
 }
 
+TEST_CASE("names matched when every stored tensor is live: a stored value named like a live tensor is not unexpected") {
+  ckpt::memory_storage mem;
+  auto cp = make(mem);
+  struct saved_state {
+    std::vector<float> a = std::vector<float>(2, 1.f);
+    int step = 4;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("a", a);
+      v.value("step", step);
+    }
+  } s;
+  cp.save(1, s);
+  // Every stored tensor ('a') is live; 'step' is a tensor now, which the checkpoint lacks.
+  struct live_state {
+    std::vector<float> a = std::vector<float>(2), step = std::vector<float>(1);
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("a", a);
+      v.tensor("step", step);
+    }
+  } l;
+  const auto r = cp.load(l, {.strict = false});
+  CHECK(l.a == s.a);
+  CHECK(r.missing == std::vector<std::string>{"step"});
+  CHECK(r.unexpected.empty());
+  CHECK(r.skipped.empty());
+  // Every stored tensor live, one live tensor more: only it is missing.
+  struct more {
+    std::vector<float> a = std::vector<float>(2), b = std::vector<float>(3);
+    int step = 0;
+    void checkpoint(ckpt::visitor& v) {
+      v.tensor("a", a);
+      v.tensor("b", b);
+      v.value("step", step);
+    }
+  } m;
+  const auto r2 = cp.load(m, {.strict = false});
+  CHECK(m.step == 4);
+  CHECK(r2.missing == std::vector<std::string>{"b"});
+  CHECK(r2.unexpected.empty());
+}
+
 TEST_CASE("shape and dtype mismatches name the tensor and both sides") {
   ckpt::memory_storage mem;
   auto cp = make(mem);

@@ -131,7 +131,7 @@ void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape,
     hi[d] = std::min(grid[d], (dst.offset[d] + dst.shape[d] + l.block[d] - 1) / l.block[d]);
     if (lo[d] >= hi[d]) return;
   }
-  idx = lo;
+  std::copy_n(lo.begin(), n, idx.begin());
   const std::span<const std::uint64_t> chunk_at(at.data(), n);
   for (;;) {
     std::uint64_t cell = 0;

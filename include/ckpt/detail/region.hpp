@@ -69,7 +69,8 @@ std::uint64_t for_each_overlap_run(region src, region dst, std::uint64_t elem, F
          hi[k] == dst.offset[k] + dst.shape[k])
     --k;
   const std::uint64_t run_bytes = (hi[k] - lo[k]) * sstride[k];
-  dims_array idx = lo;  // only its first k entries are used
+  dims_array idx;  // only its first k entries are used
+  std::copy_n(lo.begin(), k, idx.begin());
   std::uint64_t total = 0;
   for (;;) {
     std::uint64_t s = (lo[k] - src.offset[k]) * sstride[k], t = (lo[k] - dst.offset[k]) * dstride[k];
