@@ -128,3 +128,64 @@ TEST_CASE("extents: a negative or overflowing size is refused by v.tensor, namin
   CHECK(mentions(e, "shard spec's offset"));
   CHECK(mentions(e, "dimension 0 is -3"));
 }
+
+TEST_CASE("shape_t: a vector of extents, inline up to its capacity and on the heap beyond") {
+  using ckpt::shape_t;
+  static_assert(sizeof(shape_t) == sizeof(std::vector<std::uint64_t>), "no larger than the vector it replaced");
+  constexpr auto inline_dims = shape_t::inline_capacity;
+  // Grows past the inline storage and back, keeping every extent, whatever the size.
+  for (std::size_t n = 0; n <= inline_dims + 3; ++n) {
+    shape_t s;
+    std::vector<std::uint64_t> v;
+    for (std::size_t i = 0; i < n; ++i) s.push_back(10 + i), v.push_back(10 + i);
+    CHECK(s.size() == n);
+    CHECK(std::vector<std::uint64_t>(s) == v);
+    CHECK(s == shape_t(v));
+    const shape_t copy = s;
+    shape_t moved = std::move(s);
+    CHECK(moved == copy);
+    CHECK(s.empty());  // NOLINT: a moved-from shape is empty, as a vector is here
+    s = moved;         // and usable again
+    CHECK(s == copy);
+    s = s;  // NOLINT: self-assignment keeps it
+    CHECK(s == copy);
+    shape_t other{7};
+    swap(other, s);
+    CHECK(other == copy);
+    CHECK(s == shape_t{7});
+  }
+  shape_t s{1, 2};
+  CHECK(s.capacity() == inline_dims);
+  s.insert(s.begin() + 1, {5, 6, 7});
+  CHECK(s == shape_t{1, 5, 6, 7, 2});
+  s.insert(s.begin(), s.begin() + 3, s.end());  // a range of itself
+  CHECK(s == shape_t{7, 2, 1, 5, 6, 7, 2});
+  s.erase(s.begin() + 1, s.begin() + 3);
+  CHECK(s == shape_t{7, 5, 6, 7, 2});
+  s.resize(2);
+  CHECK(s == shape_t{7, 5});
+  s.resize(4, 9);
+  CHECK(s == shape_t{7, 5, 9, 9});
+  s.assign(3, 0);
+  CHECK(s == shape_t(3));
+  CHECK(shape_t(2, 4) == shape_t{4, 4});
+  CHECK(shape_t{0}.size() == 1);  // braces hold extents, as with a vector
+  CHECK(shape_t{1, 2} < shape_t{1, 3});
+  CHECK(shape_t{1, 2} < shape_t{1, 2, 0});
+  CHECK(shape_t{} == std::vector<std::uint64_t>{});
+  CHECK(std::span<const std::uint64_t>(shape_t{3, 4}).size() == 2);
+  CHECK_THROWS_AS(s.at(3), std::out_of_range);
+  // Reuse does not grow it: a shape cleared and refilled to the same size keeps its capacity.
+  shape_t reused{1, 2, 3, 4, 5, 6, 7};
+  const auto capacity = reused.capacity();
+  for (int i = 0; i < 100; ++i) {
+    reused.clear();
+    reused.resize(7);
+    reused.assign(5, 1);
+    reused.resize(7, 2);
+  }
+  CHECK(reused.capacity() == capacity);
+  CHECK(reused == shape_t{1, 1, 1, 1, 1, 2, 2});
+  std::vector<std::int64_t> signed_dims{2, 3, 4};
+  CHECK(shape_t(signed_dims.begin(), signed_dims.end()) == shape_t{2, 3, 4});
+}

@@ -21,13 +21,11 @@
 
 #include "dtype.hpp"
 #include "error.hpp"
+#include "shape.hpp"
 
 #include "impl/decl.hpp"
 
 namespace ckpt {
-
-/// Shape of a tensor: one extent per dimension, outermost first (row-major). `{}` is a scalar.
-using shape_t = std::vector<std::uint64_t>;
 
 /// Where a tensor's bytes live.
 struct device {

@@ -129,7 +129,7 @@ class pickler {
       put_le(u, n);
     }
   }
-  void tuple_of(const std::vector<std::uint64_t>& dims) {
+  void tuple_of(std::span<const std::uint64_t> dims) {
     py_object::list_type items;
     for (auto d : dims) items.emplace_back(static_cast<std::int64_t>(d));
     std::string path;

@@ -754,7 +754,7 @@ class unpickler {
     t.s = std::move(bytes);
   }
   /// The elements of a Fortran-ordered array (first index fastest), in C order (last fastest).
-  static std::string c_order(const std::string& f, const std::vector<std::uint64_t>& shape, std::size_t item) {
+  static std::string c_order(const std::string& f, std::span<const std::uint64_t> shape, std::size_t item) {
     std::string out(f.size(), '\0');
     const std::size_t rank = shape.size();
     std::vector<std::uint64_t> fstride(rank, 1), index(rank, 0);
