@@ -1,6 +1,6 @@
 #pragma once
 /// @file shape.hpp
-/// `shape_t`: a tensor's extents, one per dimension, with up to six of them held inline.
+/// `shape_t`: a tensor's extents, one per dimension, with up to two of them held inline.
 
 #include <algorithm>
 #include <compare>
@@ -138,17 +138,15 @@ class shape_t {
   }
   void pop_back() noexcept { --size_; }
   void assign(size_type n, value_type v) {
-    size_ = 0;
-    resize(n, v);
+    if (n > cap_) reserve(n);  // throws before anything changes
+    std::fill(data(), data() + n, v);
+    size_ = static_cast<std::uint32_t>(n);
   }
   template <std::input_iterator It>
   void assign(It first, It last) {
     if constexpr (std::forward_iterator<It>) {
       const auto n = static_cast<size_type>(std::distance(first, last));
-      if (n > cap_) {
-        size_ = 0;
-        reserve(n);
-      }
+      if (n > cap_) reserve(n);  // throws before anything changes
       std::copy(first, last, data());  // also right when [first, last) is this shape itself
       size_ = static_cast<std::uint32_t>(n);
     } else {
