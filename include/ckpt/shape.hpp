@@ -9,7 +9,6 @@
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
-#include <memory>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -55,7 +54,6 @@ class shape_t {
     assign(first, last);
   }
   shape_t(const std::vector<value_type>& v) { assign(v.begin(), v.end()); }  // NOLINT: implicit, as a vector was
-  explicit shape_t(std::span<const value_type> s) { assign(s.begin(), s.end()); }
   shape_t(const shape_t& o) { assign(o.begin(), o.end()); }
   shape_t(shape_t&& o) noexcept { steal(o); }
   shape_t& operator=(const shape_t& o) {
