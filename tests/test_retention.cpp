@@ -197,8 +197,9 @@ TEST_CASE("a writer in another process is detected; wait_for_other_writer waits 
   }
   ckpt::checkpointer<> patient{{}, dir.path(), {.wait_for_other_writer = true}};
   c = 'g';
-  REQUIRE(::write(to_child[1], &c, 1) == 1);
+  // The clock starts before the child is let go, so the 200 ms it sleeps all fall inside it.
   const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(::write(to_child[1], &c, 1) == 1);
   patient.save(3, s);  // blocks until the child exits and the kernel drops its lock
   CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(150));  // the child held it 200 ms more
   int status = 0;
