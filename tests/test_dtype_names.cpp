@@ -3,6 +3,7 @@
 #include "helpers.hpp"
 
 #include <ckpt/detail/keys.hpp>
+#include <ckpt/detail/name_index.hpp>
 #include <ckpt/detail/name_set.hpp>
 
 #include <bit>
@@ -117,6 +118,36 @@ TEST_CASE("name_set: a name is refused the second time, across the table's growt
   float x = 0, y = 0;
   v.tensor("w", x);
   CHECK_THROWS_WITH_AS(v.tensor("w", y), "the state names 'w' twice", ckpt::error);
+}
+
+TEST_CASE("name_index: finds each name at its first position; absent names, empty and full indexes") {
+  using ckpt::detail::name_index;
+  const auto name_of = [](const std::string& s) -> std::string_view { return s; };
+  std::vector<std::string> names;
+  for (int i = 0; i < 5000; ++i) names.push_back("layers." + std::to_string(i / 3) + ".w" + std::to_string(i % 3));
+  names.push_back("");
+  names.push_back("layers.7.w1");  // listed twice: found where it first is (position 22)
+  const name_index index(names, name_of);
+  for (std::size_t k = 0; k + 1 < names.size(); ++k) REQUIRE(index.find(names[k], names, name_of) == k);
+  CHECK(index.find("layers.7.w1", names, name_of) == 22);
+  CHECK(index.find("", names, name_of) == 5000);
+  for (const char* absent : {"layers.7.w", "layers.7.w10", "layers", "w", "layers.1667.w0"})
+    CHECK(index.find(absent, names, name_of) == name_index::npos);
+  CHECK(name_index().find("x", names, name_of) == name_index::npos);
+  CHECK(name_index(std::vector<std::string>{}, name_of).find("", names, name_of) == name_index::npos);
+
+  // Filled as it goes (the commit's merge): a name seen before answers where it was put.
+  std::vector<std::string> seen;
+  name_index growing(4);
+  for (const char* n : {"a", "b", "a", "c", "b", "d"}) {
+    const auto [at, fresh] = growing.try_add(n, seen.size(), seen, name_of);
+    if (fresh) seen.push_back(n);
+    CHECK(seen.at(at) == n);
+  }
+  CHECK(seen == std::vector<std::string>{"a", "b", "c", "d"});
+  // Its capacity is what the caller promised: one more name is an error, not an overrun.
+  CHECK_THROWS_AS(growing.try_add("e", seen.size(), seen, name_of), ckpt::error);
+  CHECK(growing.try_add("d", seen.size(), seen, name_of) == std::pair<std::size_t, bool>{3, false});
 }
 
 TEST_CASE("tags are single safe path components") {

@@ -371,7 +371,7 @@ TEST_CASE("metadata.json records column-major tensors only, and refuses an unkno
   col_and_row s;
   cp.save(1, s);
   const auto text = metadata_text(dir, "global_step1");
-  CHECK(test::mentions(text, "\"layout\": \"column_major\""));
+  CHECK(test::mentions(text, "\"layout\":\"column_major\""));
   CHECK(text.find("\"layout\"") == text.rfind("\"layout\""));  // once: the row-major tensor has none
 
   // The reader shows the layout, and reads only into a buffer laid out the same.

@@ -11,13 +11,13 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "../error.hpp"
 #include "chunk_layout.hpp"
 #include "format.hpp"
 #include "metadata.hpp"
+#include "name_index.hpp"
 #include "region.hpp"
 #include "shard_io.hpp"
 
@@ -75,9 +75,8 @@ template <class Store>
 std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::vector<bool>& tensors,
                                  const std::vector<bool>& files, std::vector<std::string>* problems = nullptr) {
   if (md.format_version == 1) return 0;
-  std::unordered_map<std::string_view, std::size_t> by_name;
-  by_name.reserve(md.tensors.size());
-  for (std::size_t t = 0; t < md.tensors.size(); ++t) by_name.emplace(md.tensors[t].name, t);
+  const auto name_of = [](const tensor_meta& t) -> std::string_view { return t.name; };
+  const name_index by_name(md.tensors, name_of);
   std::uint64_t bytes = 0;
   // Per tensor, the chunks this file's footer lists (a gathering writer lists a tensor once
   // per rank it gathered from).
@@ -97,9 +96,8 @@ std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::
       parse_index(
           foot.index, name,
           [&](std::string_view tname, dtype type, layout order, const shape_t& shape, bounded_reader& rd) {
-            const auto it = by_name.find(tname);
-            if (it == by_name.end()) fail(std::string(tname), "in the footer index, not in metadata.json");
-            const auto k = it->second;
+            const auto k = by_name.find(tname, md.tensors, name_of);
+            if (k == name_index::npos) fail(std::string(tname), "in the footer index, not in metadata.json");
             const auto& t = md.tensors[k];
             if (!tensors[k]) {
               rd.skip_table(shape.size());

@@ -27,6 +27,7 @@
 #include "coverage.hpp"
 #include "format.hpp"
 #include "metadata.hpp"
+#include "name_index.hpp"
 #include "shard_io.hpp"
 
 #include "../impl/decl.hpp"

@@ -24,6 +24,7 @@
 #include "chunk_details.hpp"
 #include "chunk_reader.hpp"
 #include "metadata.hpp"
+#include "name_index.hpp"
 #include "region.hpp"
 #include "tag_store.hpp"
 
@@ -35,9 +36,7 @@ namespace ckpt::detail {
 /// it), so every lookup while visiting, matching and planning is one hash probe.
 class stored_index final : public saved_contents {
  public:
-  explicit stored_index(const metadata& md) {
-    tensors_.reserve(md.tensors.size());
-    for (const auto& t : md.tensors) tensors_.emplace(t.name, &t);
+  explicit stored_index(const metadata& md) : md_(&md), tensors_(md.tensors, name_of) {
     for (const auto& val : md.values) values_[val.name].push_back(&val);
   }
 
@@ -49,8 +48,8 @@ class stored_index final : public saved_contents {
   bool value(std::string_view name) const override { return values_.count(name) != 0; }
 
   const tensor_meta* find_tensor(std::string_view name) const {
-    const auto it = tensors_.find(name);
-    return it == tensors_.end() ? nullptr : it->second;
+    const auto k = tensors_.find(name, md_->tensors, name_of);
+    return k == name_index::npos ? nullptr : &md_->tensors[k];
   }
   /// The stored copies of value `name`, one per rank that saved it (nullptr: none).
   const std::vector<const value_meta*>* find_value(std::string_view name) const {
@@ -59,7 +58,10 @@ class stored_index final : public saved_contents {
   }
 
  private:
-  std::unordered_map<std::string_view, const tensor_meta*> tensors_;
+  static std::string_view name_of(const tensor_meta& t) noexcept { return t.name; }
+
+  const metadata* md_;
+  name_index tensors_;  // positions in md_->tensors
   std::unordered_map<std::string_view, std::vector<const value_meta*>> values_;
 };
 

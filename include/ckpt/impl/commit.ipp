@@ -284,13 +284,11 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
   };
   std::vector<merged> tensors;
   // Names seen, as views of the schemas' names (which stay put until the finish moves them).
-  std::unordered_map<std::string_view, std::size_t> by_name;
-  {
-    std::size_t entries = 0;  // at least as many as the distinct tensors: no growth below
-    for (const auto& s : schemas) entries += s.tensors.size();
-    tensors.reserve(entries);
-    by_name.reserve(entries);
-  }
+  std::size_t entries = 0;  // at least as many as the distinct tensors: no growth below
+  for (const auto& s : schemas) entries += s.tensors.size();
+  tensors.reserve(entries);
+  name_index by_name(entries);
+  const auto name_of = [](const merged& m) -> std::string_view { return m.first->name; };
   std::vector<const schema*> schema_of(reps.size(), nullptr);
   std::vector<bool> resolved(schemas.size(), false);
   for (std::size_t r = 0; r < reps.size(); ++r) {
@@ -303,8 +301,8 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
     if (resolved[it->second]) continue;
     resolved[it->second] = true;
     for (auto& e : s.tensors) {
-      auto [at, fresh] = by_name.try_emplace(e.name, tensors.size());
-      e.tensor = at->second;
+      const auto [at, fresh] = by_name.try_add(e.name, tensors.size(), tensors, name_of);
+      e.tensor = at;
       if (fresh) {
         auto& m = tensors.emplace_back();
         m.first = &e;
@@ -464,7 +462,7 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
     const auto& s = *schema_of[r];
     if (s.first_rank != r) continue;  // each schema once, at its lowest rank
     for (const auto& name : s.held)
-      if (!by_name.count(name))
+      if (by_name.find(name, tensors, name_of) == name_index::npos)
         throw error(error_kind::invalid_argument,
                     cannot + "tensor " + printable(name) + " is held by rank " + std::to_string(r) +
                         " but no rank wrote it: the rank the shard policy chose as its writer does not declare it "

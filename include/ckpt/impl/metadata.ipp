@@ -18,14 +18,71 @@ namespace metadata_json {
 
 using writer = rj::PrettyWriter<rj::StringBuffer>;
 
-inline void string(writer& w, std::string_view s) { w.String(s.data(), static_cast<rj::SizeType>(s.size())); }
+// Each tensor's and each value's record goes on one line of its own, written compactly: a model
+// of 100,000 tensors has a metadata.json of 8 MB instead of 21 MB with every member on its own
+// indented line, which every save writes and hashes and every load reads, hashes and parses.
+using line_writer = rj::Writer<rj::StringBuffer>;
+
+template <class W>
+void string(W& w, std::string_view s) {
+  w.String(s.data(), static_cast<rj::SizeType>(s.size()));
+}
 // One member each: its name, then its value (rapidjson's Uint writes what cereal wrote for the
 // 32-bit fields, Uint64 for the 64-bit ones; the text is the same decimal either way).
-inline void u32(writer& w, const char* name, std::uint32_t v) { w.Key(name); w.Uint(v); }
-inline void u64(writer& w, const char* name, std::uint64_t v) { w.Key(name); w.Uint64(v); }
-inline void str(writer& w, std::string_view name, std::string_view v) {
+template <class W>
+void u32(W& w, const char* name, std::uint32_t v) {
+  w.Key(name);
+  w.Uint(v);
+}
+template <class W>
+void u64(W& w, const char* name, std::uint64_t v) {
+  w.Key(name);
+  w.Uint64(v);
+}
+template <class W>
+void str(W& w, std::string_view name, std::string_view v) {
   w.Key(name.data(), static_cast<rj::SizeType>(name.size()));
   string(w, v);
+}
+
+inline void write_tensor(line_writer& w, const tensor_meta& t) {
+  w.StartObject();
+  str(w, "name", t.name);
+  str(w, "dtype", to_string(t.type));
+  w.Key("shape");
+  w.StartArray();
+  for (auto e : t.shape) w.Uint64(e);
+  w.EndArray();
+  u64(w, "chunks", t.placement ? t.chunk_count : t.chunks.size());
+  // Only column-major tensors carry the member: row-major ones are written as before it existed.
+  if (t.order == layout::column_major) str(w, "layout", "column_major");
+  w.EndObject();
+}
+
+inline void write_value(line_writer& w, const value_meta& v) {
+  w.StartObject();
+  str(w, "name", v.name);
+  u32(w, "rank", v.rank);
+  u32(w, "file", v.file);
+  u64(w, "file_offset", v.file_offset);
+  u64(w, "size", v.size);
+  str(w, "xxh3", to_hex(v.xxh3));
+  w.EndObject();
+}
+
+/// Writes `records` as the elements of an array, each on its own line.
+template <class Records, class WriteOne>
+void array_of_lines(writer& w, const Records& records, WriteOne write_one) {
+  rj::StringBuffer line;
+  line_writer lw(line);
+  w.StartArray();
+  for (const auto& r : records) {
+    line.Clear();
+    lw.Reset(line);
+    write_one(lw, r);
+    w.RawValue(line.GetString(), line.GetSize(), rj::kObjectType);
+  }
+  w.EndArray();
 }
 
 inline void write(writer& w, const metadata& md) {
@@ -56,34 +113,9 @@ inline void write(writer& w, const metadata& md) {
   }
   w.EndArray();
   w.Key("tensors");
-  w.StartArray();
-  for (const auto& t : md.tensors) {
-    w.StartObject();
-    str(w, "name", t.name);
-    str(w, "dtype", to_string(t.type));
-    w.Key("shape");
-    w.StartArray();
-    for (auto e : t.shape) w.Uint64(e);
-    w.EndArray();
-    u64(w, "chunks", t.placement ? t.chunk_count : t.chunks.size());
-    // Only column-major tensors carry the member: row-major ones are written as before it existed.
-    if (t.order == layout::column_major) str(w, "layout", "column_major");
-    w.EndObject();
-  }
-  w.EndArray();
+  array_of_lines(w, md.tensors, write_tensor);
   w.Key("values");
-  w.StartArray();
-  for (const auto& v : md.values) {
-    w.StartObject();
-    str(w, "name", v.name);
-    u32(w, "rank", v.rank);
-    u32(w, "file", v.file);
-    u64(w, "file_offset", v.file_offset);
-    u64(w, "size", v.size);
-    str(w, "xxh3", to_hex(v.xxh3));
-    w.EndObject();
-  }
-  w.EndArray();
+  array_of_lines(w, md.values, write_value);
   w.Key("chunk_map");
   w.StartObject();
   str(w, "path", md.chunk_map.path);
