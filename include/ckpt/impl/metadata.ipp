@@ -70,22 +70,22 @@ inline void write_value(line_writer& w, const value_meta& v) {
   w.EndObject();
 }
 
-/// Writes `records` as the elements of an array, each on its own line.
+/// Writes `records` as the elements of an array, each on its own line: the pretty writer puts
+/// the separator, the line break and the indentation (an empty raw value), and a compact writer
+/// then writes the record after them into the same buffer, `out`.
 template <class Records, class WriteOne>
-void array_of_lines(writer& w, const Records& records, WriteOne write_one) {
-  rj::StringBuffer line;
-  line_writer lw(line);
+void array_of_lines(writer& w, rj::StringBuffer& out, const Records& records, WriteOne write_one) {
+  line_writer lw(out);
   w.StartArray();
   for (const auto& r : records) {
-    line.Clear();
-    lw.Reset(line);
+    w.RawValue("", 0, rj::kObjectType);
+    lw.Reset(out);
     write_one(lw, r);
-    w.RawValue(line.GetString(), line.GetSize(), rj::kObjectType);
   }
   w.EndArray();
 }
 
-inline void write(writer& w, const metadata& md) {
+inline void write(writer& w, rj::StringBuffer& out, const metadata& md) {
   w.StartObject();
   u32(w, "format_version", md.format_version);
   str(w, "tag", md.tag);
@@ -113,9 +113,9 @@ inline void write(writer& w, const metadata& md) {
   }
   w.EndArray();
   w.Key("tensors");
-  array_of_lines(w, md.tensors, write_tensor);
+  array_of_lines(w, out, md.tensors, write_tensor);
   w.Key("values");
-  array_of_lines(w, md.values, write_value);
+  array_of_lines(w, out, md.values, write_value);
   w.Key("chunk_map");
   w.StartObject();
   str(w, "path", md.chunk_map.path);
@@ -259,7 +259,7 @@ CKPT_DECL std::string encode_metadata(const metadata& md) {
     w.SetIndent(' ', 4);
     w.StartObject();
     w.Key("ckpt");
-    metadata_json::write(w, md);
+    metadata_json::write(w, doc, md);
     w.EndObject();
   }
   const std::string_view text(doc.GetString(), doc.GetSize());
