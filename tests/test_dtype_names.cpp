@@ -76,13 +76,17 @@ TEST_CASE("bfloat16 is the top half of binary32, rounded to nearest even") {
 }
 
 TEST_CASE("names: hierarchical, no empty segment, no separators or control characters") {
-  for (const char* ok : {"w", "layers.3.attn.qkv.weight", "optimizer.exp_avg", "a-b_c", "x.0", "caf\xc3\xa9.\xf0\x9f\x98\x80"}) {
+  // The edges of the one-pass check every plain ASCII name takes, and names it hands on to the
+  // full checks (non-ASCII bytes).
+  for (const char* ok : {"w", "layers.3.attn.qkv.weight", "optimizer.exp_avg", "a-b_c", "x.0", "caf\xc3\xa9.\xf0\x9f\x98\x80",
+                         "a b", " ", "~.!", "x__ckpt", "_ckpt", "__ckp"}) {
     CAPTURE(ok);
     CHECK(ckpt::name_problem(ok).empty());
   }
   for (std::string bad : {std::string(), std::string("a..b"), std::string(".a"), std::string("a."), std::string(".."),
                           std::string("a/b"), std::string("a\\b"), std::string("a\x01"), std::string("a\x7f"),
-                          std::string("a\0", 2), std::string(ckpt::max_name_length + 1, 'x'), std::string("__ckpt.v"),
+                          std::string("a\0", 2), std::string(ckpt::max_name_length + 1, 'x'), std::string("__ckpt.v"), std::string("__ckpt"),
+                          std::string("a.\xc3\xa9..b"), std::string("\xc3\xa9/x"), std::string(ckpt::max_name_length, '.'),
                           std::string("\xff"), std::string("a\xc3"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80")}) {
     CAPTURE(bad);
     CHECK_FALSE(ckpt::name_problem(bad).empty());
