@@ -4,11 +4,13 @@
 
 #include <ckpt/detail/keys.hpp>
 #include <ckpt/detail/name_index.hpp>
+#include <ckpt/detail/name_sort.hpp>
 #include <ckpt/detail/name_set.hpp>
 
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
 
 TEST_CASE("dtype ids, names and sizes are stable") {
   using ckpt::dtype;
@@ -152,6 +154,36 @@ TEST_CASE("name_index: finds each name at its first position; absent names, empt
   // Its capacity is what the caller promised: one more name is an error, not an overrun.
   CHECK_THROWS_AS(growing.try_add("e", seen.size(), seen, name_of), ckpt::error);
   CHECK(growing.try_add("d", seen.size(), seen, name_of) == std::pair<std::size_t, bool>{3, false});
+}
+
+TEST_CASE("sort_by_name: the order std::sort gives (name, position) pairs, whatever the names") {
+  using ckpt::detail::named_position;
+  const auto agrees = [](std::vector<named_position> items) {
+    auto expected = items;
+    std::sort(expected.begin(), expected.end());
+    ckpt::detail::sort_by_name(items);
+    return items == expected;
+  };
+  CHECK(agrees({}));
+  CHECK(agrees({{"only", 0}}));
+  // Names that are prefixes of one another, the empty name, bytes above 0x7f (which sort after
+  // ASCII, as unsigned bytes), and the same name at several positions.
+  std::vector<std::string> pool = {"", "a", "a.b", "a.b.c", "a.bc", "ab", "b", "\xc3\xa9", "\xff", "a\x01", "layers.10.w",
+                                   "layers.1.w", "layers.1", "layers.2.w", "layers.100.w", "layers.1.w"};
+  std::vector<named_position> mixed;
+  for (std::size_t i = 0; i < pool.size(); ++i) mixed.emplace_back(pool[i], 100 - i);
+  CHECK(agrees(mixed));
+  // Many names sharing long prefixes (a mixture-of-experts model), shuffled, with repeats; and
+  // thousands of copies of one name (the equal part ends with the names).
+  std::mt19937_64 g(7);
+  std::vector<std::string> names;
+  for (int i = 0; i < 20000; ++i) names.push_back("layers." + std::to_string(g() % 61) + ".experts." + std::to_string(g() % 256) + ".w" + std::to_string(g() % 3));
+  for (int i = 0; i < 3000; ++i) names.push_back(std::string(1 + g() % 40, static_cast<char>('a' + g() % 3)));
+  for (int i = 0; i < 5000; ++i) names.push_back("same.name");
+  std::shuffle(names.begin(), names.end(), g);
+  std::vector<named_position> many;
+  for (std::size_t i = 0; i < names.size(); ++i) many.emplace_back(names[i], g() % 1000);
+  CHECK(agrees(many));
 }
 
 TEST_CASE("tags are single safe path components") {

@@ -28,6 +28,7 @@
 #include "format.hpp"
 #include "metadata.hpp"
 #include "name_index.hpp"
+#include "name_sort.hpp"
 #include "shard_io.hpp"
 
 #include "../impl/decl.hpp"

@@ -475,12 +475,12 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
   // Each tensor's place in metadata.json (name order), decided before the finish moves the
   // names, so that it fills the metadata in place. Sorted as (name, index) pairs side by side:
   // comparing through the tensors' records, hundreds of bytes apart, made this sort a quarter
-  // of a 100,000-tensor merge.
+  // of a 100,000-tensor merge; and by a sort made for names that share long prefixes.
   std::vector<std::size_t> slot_of(tensors.size());
   {
-    std::vector<std::pair<std::string_view, std::size_t>> order(tensors.size());
+    std::vector<named_position> order(tensors.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = {tensors[i].first->name, i};
-    std::sort(order.begin(), order.end());
+    sort_by_name(order);
     for (std::size_t k = 0; k < order.size(); ++k) slot_of[order[k].second] = k;
   }
   md.tensors.resize(tensors.size());
