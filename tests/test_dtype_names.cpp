@@ -154,6 +154,8 @@ TEST_CASE("name_index: finds each name at its first position; absent names, empt
   // Its capacity is what the caller promised: one more name is an error, not an overrun.
   CHECK_THROWS_AS(growing.try_add("e", seen.size(), seen, name_of), ckpt::error);
   CHECK(growing.try_add("d", seen.size(), seen, name_of) == std::pair<std::size_t, bool>{3, false});
+  name_index without_capacity;
+  CHECK_THROWS_AS(without_capacity.try_add("a", 0, seen, name_of), ckpt::error);
 }
 
 TEST_CASE("sort_by_name: the order std::sort gives (name, position) pairs, whatever the names") {

@@ -54,6 +54,7 @@ class name_index {
   /// caller then puts it there in `items`) and returns that, and true.
   template <class Items, class NameOf>
   std::pair<std::size_t, bool> try_add(std::string_view name, std::size_t position, const Items& items, NameOf name_of) {
+    if (slots_.empty()) throw error(error_kind::invalid_argument, "name_index: try_add on an index made without a capacity");
     const std::size_t hash = std::hash<std::string_view>{}(name);
     const std::size_t mask = slots_.size() - 1;
     std::size_t i = hash & mask;
