@@ -23,31 +23,19 @@ class name_index {
 
   name_index() = default;
 
+  /// An empty index with room for `capacity` names, filled by try_add.
+  explicit name_index(std::size_t capacity) : capacity_(capacity) {
+    if (capacity >= empty) throw error(error_kind::invalid_argument, "more than 2^32 - 1 names in one index");
+    std::size_t n = 64;
+    while (n < 2 * capacity) n *= 2;  // at most half full
+    slots_.assign(n, slot{empty, 0});
+  }
+
   /// Indexes `items` by `name_of(items[i])`. The names must stay where they are while the
   /// index is used. A name listed twice is found at its first position.
   template <class Items, class NameOf>
-  name_index(const Items& items, NameOf name_of) {
-    if (items.size() >= empty) throw error(error_kind::invalid_argument, "more than 2^32 - 1 names in one index");
-    std::size_t n = 64;
-    while (n < 2 * items.size()) n *= 2;  // at most half full
-    slots_.assign(n, slot{empty, 0});
-    for (std::size_t k = 0; k < items.size(); ++k) {
-      const std::string_view name = name_of(items[k]);
-      const std::size_t hash = std::hash<std::string_view>{}(name);
-      std::size_t i = hash & (n - 1);
-      for (; slots_[i].at != empty; i = (i + 1) & (n - 1))
-        if (slots_[i].tag == tag_of(hash) && name_of(items[slots_[i].at]) == name) break;
-      if (slots_[i].at == empty) slots_[i] = {static_cast<std::uint32_t>(k), tag_of(hash)};
-    }
-  }
-
-  /// An empty index with room for `capacity` names, filled by try_add.
-  explicit name_index(std::size_t capacity) {
-    if (capacity >= empty) throw error(error_kind::invalid_argument, "more than 2^32 - 1 names in one index");
-    std::size_t n = 64;
-    while (n < 2 * capacity) n *= 2;
-    slots_.assign(n, slot{empty, 0});
-    capacity_ = capacity;
+  name_index(const Items& items, NameOf name_of) : name_index(items.size()) {
+    for (std::size_t k = 0; k < items.size(); ++k) try_add(name_of(items[k]), k, items, name_of);
   }
 
   /// Where `name` is already, and false; or, if it is not there, records it at `position` (the
@@ -56,13 +44,11 @@ class name_index {
   std::pair<std::size_t, bool> try_add(std::string_view name, std::size_t position, const Items& items, NameOf name_of) {
     if (slots_.empty()) throw error(error_kind::invalid_argument, "name_index: try_add on an index made without a capacity");
     const std::size_t hash = std::hash<std::string_view>{}(name);
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t i = hash & mask;
-    for (; slots_[i].at != empty; i = (i + 1) & mask)
-      if (slots_[i].tag == tag_of(hash) && name_of(items[slots_[i].at]) == name) return {slots_[i].at, false};
+    auto& s = slots_[probe(name, hash, items, name_of)];
+    if (s.at != empty) return {s.at, false};
     if (added_ == capacity_ || position >= empty) throw error(error_kind::invalid_argument, "name_index: more names than its capacity");
     ++added_;
-    slots_[i] = {static_cast<std::uint32_t>(position), tag_of(hash)};
+    s = {static_cast<std::uint32_t>(position), tag_of(hash)};
     return {position, true};
   }
 
@@ -70,11 +56,8 @@ class name_index {
   template <class Items, class NameOf>
   std::size_t find(std::string_view name, const Items& items, NameOf name_of) const {
     if (slots_.empty()) return npos;
-    const std::size_t hash = std::hash<std::string_view>{}(name);
-    const std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = hash & mask; slots_[i].at != empty; i = (i + 1) & mask)
-      if (slots_[i].tag == tag_of(hash) && name_of(items[slots_[i].at]) == name) return slots_[i].at;
-    return npos;
+    const auto at = slots_[probe(name, std::hash<std::string_view>{}(name), items, name_of)].at;
+    return at == empty ? npos : at;
   }
 
  private:
@@ -85,8 +68,18 @@ class name_index {
   };
   static std::uint32_t tag_of(std::size_t hash) noexcept { return static_cast<std::uint32_t>(std::uint64_t{hash} >> 32); }
 
+  /// The slot holding `name`, or the empty one where it would go (one always exists: the
+  /// table is at most half full).
+  template <class Items, class NameOf>
+  std::size_t probe(std::string_view name, std::size_t hash, const Items& items, NameOf name_of) const {
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = hash & mask;
+    while (slots_[i].at != empty && !(slots_[i].tag == tag_of(hash) && name_of(items[slots_[i].at]) == name)) i = (i + 1) & mask;
+    return i;
+  }
+
   std::vector<slot> slots_;  // a power of two long
-  std::size_t capacity_ = 0, added_ = 0;  // for try_add
+  std::size_t capacity_ = 0, added_ = 0;  // names it has room for, and holds
 };
 
 }  // namespace ckpt::detail
