@@ -12,11 +12,16 @@
 #include <ckpt/detail/chunk_details.hpp>
 #include <ckpt/detail/metadata.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <new>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -119,6 +124,33 @@ struct memory_backend {
   storage mem;
   storage make() { return mem; }
 };
+
+/// Fills `bytes` from `rng`, every byte of each result it draws (four of a 32-bit engine's,
+/// eight of a 64-bit one's): a call per byte is what made the O_DIRECT and mutation tests slow
+/// in a build that optimises little (tools/dev.sh test builds with -Og).
+template <class Rng>
+void fill_bytes(std::span<std::byte> bytes, Rng& rng) {
+  static_assert(Rng::min() == 0, "an engine whose results are all bit patterns");
+  constexpr std::size_t per_call = Rng::max() >= std::numeric_limits<std::uint64_t>::max()   ? 8
+                                   : Rng::max() >= std::numeric_limits<std::uint32_t>::max() ? 4
+                                                                                              : 1;
+  std::size_t at = 0;
+  for (; at < bytes.size(); at += per_call) {
+    const auto word = static_cast<std::uint64_t>(rng());
+    std::memcpy(bytes.data() + at, &word, std::min(per_call, bytes.size() - at));  // little-endian: the low bytes
+  }
+}
+
+/// A whole file's bytes, read in one call (empty when it cannot be opened).
+inline std::vector<char> file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  std::vector<char> bytes(static_cast<std::size_t>(in.tellg()));
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  return bytes;
+}
 
 template <class T>
 void fill_random(std::vector<T>& v, std::uint64_t seed) {

@@ -27,15 +27,15 @@ const std::string chunk_map = "global_step5/chunk_map.bin";
 struct fixture {
   ckpt::memory_storage mem;
   ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.chunk_bytes = 512}};
-  every_dtype_state saved;
+  every_dtype_state saved, other;  // what was saved, and what a load starts from
   fixture() {
     saved.randomise(5);
+    other.randomise(99);
     cp.save(5, saved);
   }
   /// Loads into a fresh state: "ok" with equal data, or the error (which must be `corrupt`).
   std::optional<ckpt::error> load_outcome(bool& equal) {
-    every_dtype_state x;
-    x.randomise(99);
+    every_dtype_state x = other;  // a copy: campaigns load thousands of times
     try {
       cp.load(x);
     } catch (const ckpt::error& e) {
@@ -456,7 +456,7 @@ TEST_CASE("posix writes of every size reach the file in order, small ones gather
                              std::size_t{300000}, std::size_t{70000}, std::size_t{1}, std::size_t{60000}}) {
       for (int repeat = 0; repeat < 20; ++repeat) {  // 20 × 60000 overflows the 1 MiB buffer
         std::vector<std::byte> part(size);
-        for (auto& b : part) b = static_cast<std::byte>(rng());
+        test::fill_bytes(part, rng);
         w.write(part);
         want.insert(want.end(), part.begin(), part.end());
       }
@@ -472,8 +472,7 @@ TEST_CASE("posix writes of every size reach the file in order, small ones gather
     want.insert(want.end(), 5, std::byte{9});
     w.publish();
   }
-  std::ifstream in(dir.path() / "out/blob", std::ios::binary);
-  const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
+  const auto got = test::file_bytes(dir.path() / "out/blob");
   REQUIRE(got.size() == want.size());
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
 }
@@ -499,7 +498,7 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
         // The source starts `distance` bytes before the file position, modulo 4 KiB.
         const std::size_t at = (want.size() + 4096 - distance % 4096) % 4096;
         const std::span<std::byte> src(block.start + at, size);
-        for (auto& b : src) b = static_cast<std::byte>(rng());
+        test::fill_bytes(src, rng);
         w.write(src);
         want.insert(want.end(), src.begin(), src.end());
         w.write(std::vector<std::byte>(7, std::byte{1}));  // gathered: the position moves by 7
@@ -509,8 +508,7 @@ TEST_CASE("posix writes from buffers at every placement reach the file exactly")
     w.sync();
     w.publish();
   }
-  std::ifstream in(dir.path() / "blob", std::ios::binary);
-  const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
+  const auto got = test::file_bytes(dir.path() / "blob");
   REQUIRE(got.size() == want.size());
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
 }
@@ -538,7 +536,7 @@ TEST_CASE("posix O_DIRECT writes: files of every size around the block and buffe
       CAPTURE(size);
       CAPTURE(how);
       const std::span<std::byte> want(aligned.start, size);
-      for (auto& b : want) b = static_cast<std::byte>(rng());
+      test::fill_bytes(want, rng);
       const auto key = "f" + std::to_string(file++);
       {
         auto w = disk.create(key);
@@ -564,8 +562,7 @@ TEST_CASE("posix O_DIRECT writes: files of every size around the block and buffe
         CHECK_FALSE(w.writes_direct());  // sync wrote the tail through the page cache
         w.publish();
       }
-      std::ifstream in(dir.path() / key, std::ios::binary);
-      const std::vector<char> got{std::istreambuf_iterator<char>(in), {}};
+      const auto got = test::file_bytes(dir.path() / key);
       REQUIRE(got.size() == size);
       CHECK((size == 0 || std::memcmp(got.data(), want.data(), size) == 0));  // memcmp takes no null pointers
     }

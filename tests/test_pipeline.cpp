@@ -284,7 +284,7 @@ TEST_CASE("posix's O_DIRECT writes in flight: a file of many buffers, and a chec
     ckpt::posix disk(dir.path(), {.writes_in_flight = depth});
     std::vector<std::byte> bytes((std::size_t{40} << 20) + 4097);
     std::mt19937 rng(depth);
-    for (auto& b : bytes) b = static_cast<std::byte>(rng());
+    test::fill_bytes(bytes, rng);
     {
       auto w = disk.create("blob");
       for (std::size_t at = 0; at < bytes.size();) {  // uneven pieces: some fill a buffer, some span two
