@@ -68,7 +68,8 @@ case "$mode" in
     # fetched archive is complete and its targets work.
     targets=()
     [ "$how" = fetchcontent ] && targets=(--target consumer)
-    cmake --build "$tmp/cmake-build" "${targets[@]}" >"$tmp/compile.log" 2>&1 ||
+    # Two jobs: the programs and ckpt::impl build side by side.
+    cmake --build "$tmp/cmake-build" --parallel 2 "${targets[@]}" >"$tmp/compile.log" 2>&1 ||
       fail "the consumer does not build through $how / ckpt::ckpt" "$tmp/compile.log"
     run_dir=$tmp/checkpoint
     mkdir -p "$run_dir"
