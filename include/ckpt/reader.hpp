@@ -200,7 +200,7 @@ class reader {
       const auto& t = tag_->md.tensors[k];
       if (!tiling_checked_[k]) {
         check_files_of(t);
-        detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
+        detail::check_stored_tiling(tag_->md, t, md_name_);
         tiling_checked_[k] = true;
       }
       wanted.push_back({&t, &n, &ref});
@@ -234,7 +234,7 @@ class reader {
                                             md_name_ + ", the buffer given is " + std::string(to_string(out.type())) + " " +
                                             detail::to_string(out.shape()) + (out.where().type != device::kind::host ? " off the host" : ""));
     check_files_of(t);
-    detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
+    detail::check_stored_tiling(tag_->md, t, md_name_);
     const std::string name = "validation logits";
     const raw codec;
     host_copy host;
@@ -271,7 +271,7 @@ class reader {
     for (const auto& t : tag_->md.tensors) {
       if (t.placement) continue;  // version 2: its layout was checked to tile it when the tag was opened
       try {
-        detail::tag_store<Store>::check_tiling(tag_->md, t, md_name_);
+        detail::check_stored_tiling(tag_->md, t, md_name_);
       } catch (const error& e) {
         rep.problems.push_back(e.what());
       }

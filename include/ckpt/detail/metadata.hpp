@@ -112,6 +112,11 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
 /// every chunk and value lies inside its file, so no later read can go astray.
 CKPT_DECL void validate_metadata(const metadata& md, std::string_view expected_tag, const std::string& file);
 
+/// That the chunks of `t`, a tensor of `md`, cover it exactly once, or a `corrupt` error naming
+/// `md_name`. (Not a template: compiled once with CKPT_SEPARATE_COMPILATION, where it was once
+/// instantiated for every Storage.)
+CKPT_DECL void check_stored_tiling(const metadata& md, const tensor_meta& t, const std::string& md_name);
+
 // --- chunk_map.bin --------------------------------------------------------------------------------
 // "CKPTCMAP", u32 version, u32 flags (0), then cereal portable binary: u64 tensor count, and for
 // each tensor of metadata.json, in its order: version 1, the packed chunk columns (emit_table);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -149,68 +150,8 @@ struct restore_context {
 /// Checks the live state against the checkpoint and decides what to read: every live tensor
 /// that is stored, and the stored value each live value is restored from. `accepts(where)`
 /// says whether the DevicePolicy can load into a tensor there.
-template <class Accepts>
-restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const load_options& opts,
-                          const restore_context& ctx, Accepts&& accepts, load_result& result) {
-  const auto& md_name = ctx.md_name;
-  if (opts.strict && (!result.missing.empty() || !result.unexpected.empty())) {
-    std::string msg = "checkpoint " + md.tag + " does not match the live state";
-    if (!result.missing.empty()) msg += "; missing from the checkpoint: " + join(result.missing);
-    if (!result.unexpected.empty()) msg += "; in the checkpoint but not in the live state: " + join(result.unexpected);
-    throw error(error_kind::mismatch, msg + " (" + md_name + ")");
-  }
-  restore_plan plan;
-  for (const auto& t : v.tensors()) {
-    const auto* found = index.find_tensor(t.name);
-    if (!found) continue;
-    const auto& s = *found;
-    // Layouts first: a column-major tensor's shapes are in memory order, which only make
-    // sense to the user reversed (and a square matrix's agree in either order).
-    if (s.order != t.ref.order() ||
-        (s.order == layout::column_major && (s.type != t.ref.type() || s.shape != t.ref.global_shape())))
-      throw error(error_kind::mismatch, "tensor " + printable(t.name) + ": saved " + std::string(to_string(s.type)) + " " +
-                                            std::string(to_string(s.order)) + " " + to_string(logical_shape(s.shape, s.order)) +
-                                            ", live " + std::string(to_string(t.ref.type())) + " " +
-                                            std::string(to_string(t.ref.order())) + " " +
-                                            to_string(logical_shape(t.ref.global_shape(), t.ref.order())) + " (" + md_name + ")");
-    if (s.type != t.ref.type() || s.shape != t.ref.global_shape())
-      throw error(error_kind::mismatch, "tensor " + printable(t.name) + ": saved " + std::string(to_string(s.type)) + " " +
-                                            to_string(s.shape) + ", live " + std::string(to_string(t.ref.type())) + " " +
-                                            to_string(t.ref.global_shape()) + " (" + md_name + ")");
-    if (!t.ref.writable())
-      throw error(error_kind::invalid_argument, "tensor " + printable(t.name) + " is read-only and cannot be loaded into");
-    if (!accepts(t.ref.where()))
-      throw error(error_kind::invalid_argument, "tensor " + printable(t.name) + " lives on a device the DevicePolicy does not handle");
-    plan.tensors.push_back({found, &t.name, &t.ref});
-  }
-
-  // Per-rank values decide before any byte is read whether the load can go ahead at all.
-  const bool same_layout = md.topology == ctx.live_topology;
-  if (!same_layout && opts.on_topology_change == topology_change::error && !v.values().empty())
-    throw error(error_kind::mismatch, "checkpoint " + md.tag + " was saved with " + to_string(md.topology) +
-                                          " and is loaded with " + to_string(ctx.live_topology) +
-                                          ": per-rank values (RNG states) cannot be restored rank-for-rank; set "
-                                          "load_options::on_topology_change to keep_live or from_rank_0");
-  // Values are per rank: restored rank-for-rank when the layout is the one saved, otherwise
-  // as the caller chose.
-  const auto my_rank = same_layout ? ctx.rank : 0u;
-  for (const auto& val : v.values()) {
-    const auto* copies = index.find_value(val.name);
-    if (!copies) continue;
-    if (!same_layout && opts.on_topology_change == topology_change::keep_live) {
-      result.kept_live.push_back(val.name);
-      continue;
-    }
-    const value_meta* pick = nullptr;
-    for (const auto* m : *copies)
-      if (m->rank == my_rank) pick = m;
-    if (!pick)
-      throw error(error_kind::mismatch, "value " + printable(val.name) + " was not saved by rank " + std::to_string(my_rank) +
-                                            " (" + md_name + ")");
-    plan.values.emplace_back(&val, pick);
-  }
-  return plan;
-}
+CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const load_options& opts,
+                                   const restore_context& ctx, const std::function<bool(device)>& accepts, load_result& result);
 
 }  // namespace ckpt::detail
 

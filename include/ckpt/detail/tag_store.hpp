@@ -156,18 +156,12 @@ class tag_store {
     validate_metadata(md, bytes.tag, md_name);
     if (check_all_tiling)
       for (const auto& t : md.tensors)
-        if (!t.placement) check_tiling(md, t, md_name);  // version 2: decode_chunk_map checked each layout
+        if (!t.placement) check_stored_tiling(md, t, md_name);  // version 2: decode_chunk_map checked each layout
     return md;
   }
 
   /// `read` then `decode`.
   metadata open(const std::string& tag, bool check_all_tiling = true) const { return decode(read(tag), check_all_tiling); }
-
-  /// That the chunks of `t` cover it exactly once, or a `corrupt` error naming `md_name`.
-  static void check_tiling(const metadata& md, const tensor_meta& t, const std::string& md_name) {
-    detail::check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },
-                         error_kind::corrupt, md_name + ": ");
-  }
 
   std::string read_text(const std::string& key, std::uint64_t limit) const {
     const auto size = storage_->size(key);

@@ -6,6 +6,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "../detail/coverage.hpp"
 #include "../detail/json.hpp"
 
 namespace ckpt::detail {
@@ -519,6 +520,11 @@ CKPT_DECL std::string decode_latest(std::string_view text, const std::string& fi
     throw error(error_kind::corrupt, file + ": checksum mismatch for tag " + printable(tag));
   if (auto p = tag_problem(tag); !p.empty()) throw error(error_kind::corrupt, file + ": names an invalid tag " + printable(tag) + " (" + p + ")");
   return std::string(tag);
+}
+
+CKPT_DECL void check_stored_tiling(const metadata& md, const tensor_meta& t, const std::string& md_name) {
+  check_tiling(t.name, t.shape, t.chunks, [&](std::size_t i) -> const std::string& { return md.files[t.chunks.file[i]].path; },
+               error_kind::corrupt, md_name + ": ");
 }
 
 }  // namespace ckpt::detail
