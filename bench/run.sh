@@ -15,7 +15,7 @@ fi
 command -v fio >/dev/null || apt-get install -y -q fio >/dev/null
 dpkg -s libhdf5-dev >/dev/null 2>&1 || apt-get install -y -q libhdf5-dev >/dev/null
 # Benchmarks measure what a user's default build gets: -O2, header-only. (tools/dev.sh test
-# builds the same directory at -O1 with separate compilation, to compile faster.)
+# builds the same directory at -Og with separate compilation, to compile faster.)
 meson setup --reconfigure "$build" >/dev/null  # finds the peers installed above
 meson configure "$build" -Doptimization=2 -Dseparate_compilation=false >/dev/null
 meson compile -C "$build" >/dev/null
