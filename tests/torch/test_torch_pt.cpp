@@ -537,6 +537,28 @@ TEST_CASE("unpickle: hostile pickles are refused with a message that names the p
     for (int i = 1; i < 40; ++i) p += "(h" + std::string(1, static_cast<char>(i - 1)) + "h" + std::string(1, static_cast<char>(i - 1)) + "lq" + std::string(1, static_cast<char>(i));
     expect(p + ".", {"more than 4194304 objects"});
   }
+  SUBCASE("shared references are counted before anything is built") {
+    // memo 0 = [1] (2 objects); each level is a list of two references to the one before:
+    // 1 + 2 x the level below, so 8 levels make 3 x 2^8 - 1 = 767 objects.
+    std::string p = raw("]K\x01" "aq\x00");
+    for (int i = 1; i <= 8; ++i) p += "(h" + std::string(1, static_cast<char>(i - 1)) + "h" + std::string(1, static_cast<char>(i - 1)) + "lq" + std::string(1, static_cast<char>(i));
+    const auto e = catch_error([&] { ckpt::interop::unpickle(bytes_of(p + "."), "evil.pkl", {.max_objects = 766}); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK_MESSAGE(contains(e.what(), "more than 766 objects (shared references included): 767"), std::string(e.what()));
+    // At the limit: the whole result is built, every reference a copy.
+    const auto ok = ckpt::interop::unpickle(bytes_of(p + "."), "evil.pkl", {.max_objects = 767});
+    CHECK(ok.items().size() == 2);
+  }
+  SUBCASE("a long string referenced many times is refused before it is copied") {
+    // 4 MiB of text, then a list holding it 300 times: 1.2 GiB of copies, over the 1 GiB limit.
+    std::string p = "\x80\x02X";
+    const std::uint32_t n = 4u << 20;
+    for (int k = 0; k < 4; ++k) p += static_cast<char>((n >> (8 * k)) & 0xff);
+    p += std::string(n, 'x') + "q" + std::string(1, '\0') + "(";
+    for (int i = 0; i < 300; ++i) p += "h" + std::string(1, '\0');
+    p += "l.";
+    expect(p, {"the result would exceed 1073741824 bytes (shared references are copied)"});
+  }
   SUBCASE("truncated pickles") {
     const auto good = text_of(ckpt::interop::pickle(py_object::dict({{"a", py_object::list({1, 2, "three"})}})));
     for (std::size_t cut = 1; cut < good.size(); ++cut) {

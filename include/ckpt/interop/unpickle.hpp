@@ -83,6 +83,7 @@ class unpickler {
         case op::STOP: {
           const auto result = pop(c);
           on_path_.assign(nodes_.size(), 0);
+          check_expansion(result);
           std::string path;
           return convert(result, 0, path);
         }
@@ -1039,18 +1040,72 @@ class unpickler {
     fail("internal: unknown callable");
   }
 
+  /// The bytes of the result node `n` itself stands for (its children not included).
+  std::uint64_t own_bytes(std::uint32_t n) const {
+    const pnode& x = nodes_[n];
+    std::uint64_t bytes = sizeof(py_object) + x.s.size();
+    if (x.kind == pk::tensor) {
+      const auto& t = tensors_[static_cast<std::size_t>(x.i)];
+      const auto& st = storages_[static_cast<std::size_t>(nodes_[t.storage].i)];
+      bytes += sizeof(py_tensor) + 2 * sizeof(std::uint64_t) * t.shape.size() + st.key.size() + st.location.size();
+    }
+    return bytes;
+  }
+
+  /// What converting a node makes: objects and bytes, each shared reference counted every time
+  /// it is reached (convert copies it each time), saturating at the largest count.
+  struct expansion {
+    std::uint64_t objects = 0, bytes = 0;
+  };
+  static std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+    return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max() : a + b;
+  }
+
+  /// The expansion of `n`, each node's computed once (`memo`, `state`: 0 new, 1 on the path, 2
+  /// done); nullopt where convert has to speak first: a container that contains itself, or
+  /// nesting past the limit.
+  std::optional<expansion> expanded(std::uint32_t n, std::size_t depth, std::vector<expansion>& memo,
+                                    std::vector<std::uint8_t>& state) const {
+    if (depth > limits_.max_depth || state[n] == 1) return std::nullopt;
+    if (state[n] == 2) return memo[n];
+    state[n] = 1;
+    const pnode& x = nodes_[n];
+    expansion e{1, own_bytes(n)};
+    std::span<const std::uint32_t> children;
+    if (x.kind == pk::list || x.kind == pk::tuple || x.kind == pk::dict) children = x.items;
+    else if (x.kind == pk::ndarray && x.flag) children = std::span<const std::uint32_t>(x.items).subspan(1, 1);  // the shape
+    for (const auto child : children) {
+      const auto c = expanded(child, depth + 1, memo, state);
+      if (!c) return std::nullopt;
+      e.objects = saturating_add(e.objects, c->objects);
+      e.bytes = saturating_add(e.bytes, c->bytes);
+    }
+    state[n] = 2;
+    return memo[n] = e;
+  }
+
+  /// Refuses, before converting anything, a result whose shared references expand past the
+  /// limits: a few hundred bytes of pickle can reference one list from another 2^40 times over,
+  /// and convert would otherwise build max_objects objects (hundreds of MiB) before it stopped.
+  void check_expansion(std::uint32_t root) const {
+    std::vector<expansion> memo(nodes_.size());
+    std::vector<std::uint8_t> state(nodes_.size(), 0);
+    const auto e = expanded(root, 0, memo, state);
+    if (!e) return;  // convert reports the cycle or the depth
+    if (e->objects > limits_.max_objects)
+      fail_at("", "more than " + std::to_string(limits_.max_objects) + " objects (shared references included): " +
+                      (e->objects == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64 or more") : std::to_string(e->objects)));
+    if (e->bytes > limits_.max_result_bytes)
+      fail_at("", "the result would exceed " + std::to_string(limits_.max_result_bytes) + " bytes (shared references are copied)");
+  }
+
   py_object convert(std::uint32_t n, std::size_t depth, std::string& path) {
     if (depth > limits_.max_depth)
       fail_at(path, "nesting deeper than " + std::to_string(limits_.max_depth) + " levels");
     if (++converted_ > limits_.max_objects)
       fail_at(path, "more than " + std::to_string(limits_.max_objects) + " objects (shared references included)");
     const pnode& x = nodes_[n];
-    result_bytes_ += sizeof(py_object) + x.s.size();
-    if (x.kind == pk::tensor) {
-      const auto& t = tensors_[static_cast<std::size_t>(x.i)];
-      const auto& st = storages_[static_cast<std::size_t>(nodes_[t.storage].i)];
-      result_bytes_ += sizeof(py_tensor) + 2 * sizeof(std::uint64_t) * t.shape.size() + st.key.size() + st.location.size();
-    }
+    result_bytes_ += own_bytes(n);
     if (result_bytes_ > limits_.max_result_bytes)
       fail_at(path, "the result would exceed " + std::to_string(limits_.max_result_bytes) +
                         " bytes (shared references are copied)");
