@@ -548,6 +548,15 @@ TEST_CASE("unpickle: hostile pickles are refused with a message that names the p
     // At the limit: the whole result is built, every reference a copy.
     const auto ok = ckpt::interop::unpickle(bytes_of(p + "."), "evil.pkl", {.max_objects = 767});
     CHECK(ok.items().size() == 2);
+    // The same expansion followed by a list that contains itself, [level 8, c] with c = [c]:
+    // refused for its count too (769 objects before the cycle is reached), not built first.
+    const std::string cyclic = p + "(h\x08" + "]q\x09h\x09" "a" + "l.";
+    const auto c = catch_error([&] { ckpt::interop::unpickle(bytes_of(cyclic), "evil.pkl", {.max_objects = 766}); });
+    CHECK_MESSAGE(contains(c.what(), "more than 766 objects (shared references included): 769"), std::string(c.what()));
+    // Under a limit it does not reach (convert counts c a second time, then sees the cycle), the
+    // cycle is what is reported.
+    const auto r = catch_error([&] { ckpt::interop::unpickle(bytes_of(cyclic), "evil.pkl", {.max_objects = 770}); });
+    CHECK_MESSAGE(contains(r.what(), "recursive structure"), std::string(r.what()));
   }
   SUBCASE("a long string referenced many times is refused before it is copied") {
     // 4 MiB of text, then a list holding it 300 times: 1.2 GiB of copies, over the 1 GiB limit.
@@ -557,7 +566,10 @@ TEST_CASE("unpickle: hostile pickles are refused with a message that names the p
     p += std::string(n, 'x') + "q" + std::string(1, '\0') + "(";
     for (int i = 0; i < 300; ++i) p += "h" + std::string(1, '\0');
     p += "l.";
-    expect(p, {"the result would exceed 1073741824 bytes (shared references are copied)"});
+    // The count in the message is the pre-check's: the list and 300 copies of the string.
+    const auto bytes = 301 * sizeof(ckpt::interop::py_object) + 300 * std::uint64_t{n};
+    expect(p, {"the result would exceed 1073741824 bytes (shared references are copied): "});
+    CHECK(contains(unpickle_error(p).what(), "copied): " + std::to_string(bytes)));
   }
   SUBCASE("truncated pickles") {
     const auto good = text_of(ckpt::interop::pickle(py_object::dict({{"a", py_object::list({1, 2, "three"})}})));

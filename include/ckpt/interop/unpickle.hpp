@@ -1053,20 +1053,21 @@ class unpickler {
   }
 
   /// What converting a node makes: objects and bytes, each shared reference counted every time
-  /// it is reached (convert copies it each time), saturating at the largest count.
+  /// it is reached (convert copies it each time), saturating at the largest count. Not
+  /// `complete` where the count stopped at a node convert refuses (a container that contains
+  /// itself, nesting past the limit): then it is what convert makes before it gets there.
   struct expansion {
     std::uint64_t objects = 0, bytes = 0;
+    bool complete = true;
   };
   static std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
     return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max() : a + b;
   }
 
   /// The expansion of `n`, each node's computed once (`memo`, `state`: 0 new, 1 on the path, 2
-  /// done); nullopt where convert has to speak first: a container that contains itself, or
-  /// nesting past the limit.
-  std::optional<expansion> expanded(std::uint32_t n, std::size_t depth, std::vector<expansion>& memo,
-                                    std::vector<std::uint8_t>& state) const {
-    if (depth > limits_.max_depth || state[n] == 1) return std::nullopt;
+  /// done), in convert's order, up to the first node convert refuses for its place.
+  expansion expanded(std::uint32_t n, std::size_t depth, std::vector<expansion>& memo, std::vector<std::uint8_t>& state) const {
+    if (depth > limits_.max_depth || state[n] == 1) return {0, 0, false};
     if (state[n] == 2) return memo[n];
     state[n] = 1;
     const pnode& x = nodes_[n];
@@ -1076,9 +1077,9 @@ class unpickler {
     else if (x.kind == pk::ndarray && x.flag) children = std::span<const std::uint32_t>(x.items).subspan(1, 1);  // the shape
     for (const auto child : children) {
       const auto c = expanded(child, depth + 1, memo, state);
-      if (!c) return std::nullopt;
-      e.objects = saturating_add(e.objects, c->objects);
-      e.bytes = saturating_add(e.bytes, c->bytes);
+      e.objects = saturating_add(e.objects, c.objects);
+      e.bytes = saturating_add(e.bytes, c.bytes);
+      if (!c.complete) return {e.objects, e.bytes, false};  // the rest is never reached
     }
     state[n] = 2;
     return memo[n] = e;
@@ -1087,16 +1088,20 @@ class unpickler {
   /// Refuses, before converting anything, a result whose shared references expand past the
   /// limits: a few hundred bytes of pickle can reference one list from another 2^40 times over,
   /// and convert would otherwise build max_objects objects (hundreds of MiB) before it stopped.
+  /// An expansion cut short by a node convert refuses is checked too: convert would make at
+  /// least that much before it reached that node. (Otherwise convert reports that node.)
   void check_expansion(std::uint32_t root) const {
     std::vector<expansion> memo(nodes_.size());
     std::vector<std::uint8_t> state(nodes_.size(), 0);
     const auto e = expanded(root, 0, memo, state);
-    if (!e) return;  // convert reports the cycle or the depth
-    if (e->objects > limits_.max_objects)
-      fail_at("", "more than " + std::to_string(limits_.max_objects) + " objects (shared references included): " +
-                      (e->objects == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64 or more") : std::to_string(e->objects)));
-    if (e->bytes > limits_.max_result_bytes)
-      fail_at("", "the result would exceed " + std::to_string(limits_.max_result_bytes) + " bytes (shared references are copied)");
+    const auto count = [](std::uint64_t n) {
+      return n == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64 or more") : std::to_string(n);
+    };
+    if (e.objects > limits_.max_objects)
+      fail_at("", "more than " + std::to_string(limits_.max_objects) + " objects (shared references included): " + count(e.objects));
+    if (e.bytes > limits_.max_result_bytes)
+      fail_at("", "the result would exceed " + std::to_string(limits_.max_result_bytes) +
+                      " bytes (shared references are copied): " + count(e.bytes));
   }
 
   py_object convert(std::uint32_t n, std::size_t depth, std::string& path) {
