@@ -86,11 +86,6 @@ struct rank_state {
 template <class Comm>
 using gather_cp = ckpt::checkpointer<ckpt::gather_to_root<Comm>, ckpt::posix>;
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 const ckpt::checkpointer_options small_chunks{.chunk_bytes = 1000};  // many chunks, many transfers
 
 }  // namespace
@@ -110,7 +105,7 @@ TEST_CASE("gather_to_root over a Transport streams every shard to rank 0: the sa
   });
   for (const auto& e : errors) CHECK(e == "");
   const auto file = fs::path("global_step7") / "mp_rank_00" / "model_optim_rng.ckpt";
-  const auto a = file_bytes(streamed.path() / file), b = file_bytes(packed.path() / file);
+  const auto a = test::file_bytes(streamed.path() / file), b = test::file_bytes(packed.path() / file);
   CHECK(a.size() > 2 * rank_state::rows * rank_state::cols * 4);  // all of w and c, at least
   CHECK(a == b);  // byte for byte: streaming changes how bytes travel, not what is written
 

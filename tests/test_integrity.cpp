@@ -353,7 +353,7 @@ TEST_CASE("copy_avoiding_slow_copy copies exactly, in the slow window and out of
   std::byte* source = block.start;
   std::byte* space = block.start + 65536;
   std::mt19937 rng(17);
-  for (std::size_t i = 0; i < 65536; ++i) source[i] = static_cast<std::byte>(rng());
+  test::fill_bytes(std::span<std::byte>(source, 65536), rng);
   for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{2047}, std::size_t{2048}, std::size_t{2049},
                            std::size_t{6000}, std::size_t{65536} - 64}) {
     for (std::size_t distance : distances) {
@@ -377,7 +377,7 @@ TEST_CASE("posix reads into buffers at every alignment return exactly the file's
   test::temp_dir dir;
   std::vector<std::byte> content(std::size_t{600} * 1024 + 77);
   std::mt19937 rng(3);
-  for (auto& b : content) b = static_cast<std::byte>(rng());
+  test::fill_bytes(content, rng);
   {
     std::ofstream f(dir.path() / "blob", std::ios::binary);
     f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));

@@ -170,7 +170,7 @@ TEST_CASE("posix reads into a buffer just past the file offset through the bounc
   test::temp_dir dir;
   std::vector<std::byte> content(std::size_t{300} * 1024);
   std::mt19937 rng(5);
-  for (auto& b : content) b = static_cast<std::byte>(rng());
+  test::fill_bytes(content, rng);
   {
     std::ofstream f(dir.path() / "blob", std::ios::binary);
     f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
@@ -224,7 +224,7 @@ TEST_CASE("posix writes from a buffer just behind the file position through the 
     want.insert(want.end(), seven.begin(), seven.end());
     position += 7;
     const std::span<std::byte> src(block.start + (position + 4096 - distance % 4096) % 4096, size);
-    for (auto& b : src) b = static_cast<std::byte>(rng());
+    test::fill_bytes(src, rng);
     auto got = record([&] { w->write(src); });
     REQUIRE(got.size() >= 2);
     CHECK(got[0].bytes == 7);  // the gathered bytes, flushed first
@@ -256,7 +256,7 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
   test::page_block block(bytes + 8192);
   std::mt19937 rng(8);
   std::vector<std::byte> want(bytes);
-  for (auto& b : want) b = static_cast<std::byte>(rng());
+  test::fill_bytes(want, rng);
   for (std::size_t distance : {0, 16, 80}) {
     CAPTURE(distance);
     std::uint64_t position = 0;  // of the tensor's bytes in the file
@@ -288,14 +288,6 @@ TEST_CASE("safetensors reads and writes in the slow window go through the bounce
   }
 }
 
-namespace {
-/// The whole file at `path`.
-std::vector<char> file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-}  // namespace
-
 TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only the last partial block goes through the page cache") {
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
@@ -309,7 +301,7 @@ TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only 
   test::page_block block(size + 8192);
   std::mt19937 rng(12);
   const std::span<std::byte> src(block.start + 16, size);  // a std::vector's placement
-  for (auto& b : src) b = static_cast<std::byte>(rng());
+  test::fill_bytes(src, rng);
   const auto user = reinterpret_cast<std::uintptr_t>(src.data());
   auto w = disk.create("blob");
   REQUIRE(w.writes_direct());
@@ -331,7 +323,7 @@ TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only 
   }
   CHECK_FALSE(w.writes_direct());
   w.publish();
-  const auto file = file_bytes(dir.path() / "blob");
+  const auto file = test::file_bytes(dir.path() / "blob");
   REQUIRE(file.size() == size);  // what was allocated ahead of the writes is cut off
   CHECK(std::memcmp(file.data(), src.data(), size) == 0);
 
@@ -353,7 +345,7 @@ TEST_CASE("posix O_DIRECT writes hand the kernel whole aligned blocks, and only 
   }
   CHECK_FALSE(got[3].o_direct);
   CHECK(got[3].bytes == 10);
-  const auto file2 = file_bytes(dir.path() / "aligned");
+  const auto file2 = test::file_bytes(dir.path() / "aligned");
   REQUIRE(file2.size() == aligned.size());
   CHECK(std::memcmp(file2.data(), aligned.data(), aligned.size()) == 0);
 }
@@ -371,7 +363,7 @@ TEST_CASE("posix O_DIRECT writes that the file system refuses go through the pag
   test::page_block block(size + 4096);
   std::mt19937 rng(13);
   const std::span<std::byte> src(block.start + 16, size);
-  for (auto& b : src) b = static_cast<std::byte>(rng());
+  test::fill_bytes(src, rng);
   for (int aligned_source = 0; aligned_source < 2; ++aligned_source) {
     CAPTURE(aligned_source);
     const auto from = aligned_source ? std::span<std::byte>(block.start, size) : src;
@@ -397,7 +389,7 @@ TEST_CASE("posix O_DIRECT writes that the file system refuses go through the pag
     const auto got = by_position(all);
     check_tiles(got, 0, size);
     for (const auto& c : got) CHECK_FALSE(c.o_direct);
-    const auto file = file_bytes(dir.path() / "blob");
+    const auto file = test::file_bytes(dir.path() / "blob");
     REQUIRE(file.size() == size);
     CHECK(std::memcmp(file.data(), from.data(), size) == 0);
   }
@@ -411,7 +403,7 @@ TEST_CASE("posix O_DIRECT writes keep several writes in flight, at most writes_i
   const std::size_t size = 24 * buffer;
   std::vector<std::byte> src(size);
   std::mt19937 rng(14);
-  for (auto& b : src) b = static_cast<std::byte>(rng());
+  test::fill_bytes(src, rng);
   slow_writes = true;  // each O_DIRECT write takes 2 ms: the writer fills buffers meanwhile
   auto w = disk.create("blob");
   w.write(src);
@@ -420,7 +412,7 @@ TEST_CASE("posix O_DIRECT writes keep several writes in flight, at most writes_i
   w.publish();
   CHECK(most_in_flight > 1);
   CHECK(most_in_flight <= 4);
-  const auto file = file_bytes(dir.path() / "blob");
+  const auto file = test::file_bytes(dir.path() / "blob");
   REQUIRE(file.size() == size);
   CHECK(std::memcmp(file.data(), src.data(), size) == 0);
 }
@@ -459,7 +451,7 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
   if (!test::o_direct_testable(dir)) return;
   std::vector<std::byte> content(std::size_t{6} << 20);
   std::mt19937 rng(14);
-  for (auto& b : content) b = static_cast<std::byte>(rng());
+  test::fill_bytes(content, rng);
   const auto path = dir.path() / "blob";
   {
     std::ofstream f(path, std::ios::binary);

@@ -75,9 +75,9 @@ case "${1:-}" in
     install_missing
     install_s3rver
     # What the suite needs, compiled as cheaply as it can be: without debug information (-g
-    # nearly doubles the compile time of ckpt's template-heavy tests), at -Og (g++ compiles the
-    # unit suite with 30 % less CPU than at -O1, which took a third less than -O2; the suite is
-    # bound by I/O and sleeps, not by ckpt's own loops, and runs about as fast), and with separate
+    # nearly doubles the compile time of ckpt's template-heavy tests), at -Og (g++ compiles it
+    # with less CPU than at -O1, and the suite, bound by I/O and sleeps rather than by ckpt's own
+    # loops, runs about as fast: docs/performance.md, "CI's time"), and with separate
     # compilation (ckpt_impl, docs/architecture.md: ckpt's type-independent parts compiled once
     # instead of in every test). tests/separate, the consumer and compile-fail tests and the
     # fuzzers build the header-only way. bench/run.sh reconfigures for -O2, header-only.
@@ -99,9 +99,9 @@ case "${1:-}" in
     install_missing
     export CC=clang-14 CXX=clang++-14
     status=0
-    # -O0: clang builds the ASan unit suite in 62 s instead of 203 at -O1 and runs it in 84 s
-    # instead of 31; the TSan tests build in 48 s instead of 129 and run in 43 s instead of 24.
-    # Unoptimised code hides no access from the sanitizers.
+    # -O0: clang builds these far faster than at -O1 (-Og is -O1 to clang), which outweighs
+    # their slower runs (docs/performance.md, "CI's time"); unoptimised code hides no access
+    # from the sanitizers.
     common=(-Db_lundef=false -Dwerror=true -Dbench=false -Dexamples=false -Dmpi=disabled
             -Doptimization=0 -Ddebug=false -Dcpp_args=-gline-tables-only)
     # Both build the separate way: faster, and the same code as header-only.
