@@ -2,6 +2,7 @@
 /// @file error.hpp
 /// The one exception type ckpt throws.
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -55,5 +56,12 @@ class error : public std::runtime_error {
  private:
   error_kind kind_;
 };
+
+namespace detail {
+/// The `io` error for a failed system call: "`op` `path`: strerror(`err`)".
+inline error posix_error(const std::string& op, const std::string& path, int err) {
+  return error(error_kind::io, op + " " + path + ": " + std::strerror(err));
+}
+}  // namespace detail
 
 }  // namespace ckpt

@@ -106,6 +106,13 @@ struct load_options {
   topology_change on_topology_change = topology_change::error;
 };
 
+/// A committed tag, as `checkpointer::tags()` lists them.
+struct tag_info {
+  std::string tag;
+  std::uint64_t iteration = 0;
+  bool latest = false;  ///< the tag `latest` names
+};
+
 /// What a load restored.
 struct load_result {
   std::string tag{};

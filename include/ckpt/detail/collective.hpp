@@ -6,12 +6,16 @@
 #include <exception>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../error.hpp"
 
 namespace ckpt::detail {
+
+/// A string's bytes, as the Communicator sends them.
+inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 inline std::vector<std::byte> encode_status(const error* e) {
   std::vector<std::byte> b;

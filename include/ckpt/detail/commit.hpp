@@ -27,6 +27,7 @@
 #include "coverage.hpp"
 #include "format.hpp"
 #include "metadata.hpp"
+#include "collective.hpp"
 #include "name_index.hpp"
 #include "name_sort.hpp"
 #include "shard_io.hpp"
@@ -34,8 +35,6 @@
 #include "../impl/decl.hpp"
 
 namespace ckpt::detail {
-
-inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 /// What a rank tells rank 0 after writing, in two parts, so that at thousands of ranks rank 0
 /// receives what the ranks have in common once, not once per rank (docs/format.md, section 9.2):

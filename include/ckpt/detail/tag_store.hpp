@@ -22,16 +22,7 @@
 #include "keys.hpp"
 #include "metadata.hpp"
 
-namespace ckpt {
-
-/// A committed tag, as `checkpointer::tags()` lists them.
-struct tag_info {
-  std::string tag;
-  std::uint64_t iteration = 0;
-  bool latest = false;  ///< the tag `latest` names
-};
-
-namespace detail {
+namespace ckpt::detail {
 
 inline constexpr std::string_view marker_file = ".ckpt_tag";  // "this directory is a ckpt tag"
 inline constexpr std::string_view metadata_file = "metadata.json";
@@ -340,5 +331,4 @@ class tag_store {
   std::optional<typename writer_lock_of<Store>::type> writer_lock_;
 };
 
-}  // namespace detail
-}  // namespace ckpt
+}  // namespace ckpt::detail

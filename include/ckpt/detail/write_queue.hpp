@@ -27,10 +27,6 @@
 
 namespace ckpt::detail {
 
-inline error posix_error(const std::string& op, const std::string& path, int err) {
-  return error(error_kind::io, op + " " + path + ": " + std::strerror(err));
-}
-
 class write_queue {
  public:
   /// O_DIRECT writes need this alignment of memory, file offsets and sizes.
