@@ -10,6 +10,7 @@
 // The workloads (fp32, bf16_adam) and the raw baselines are in workload.hpp.
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/impl/checkpointer.ipp>  // it makes checkpointers impl/instances.hpp does not list (zstd_bytegroup)
 #include <ckpt/detail/pipeline.hpp>
 
 #include "workload.hpp"

@@ -43,6 +43,8 @@
 
 #if defined(CKPT_SEPARATE_COMPILATION)
 // Compiled once, in the translation unit that includes ckpt/impl/src.hpp (impl/instances.hpp).
+// Any other checkpointer needs <ckpt/impl/checkpointer.ipp> in the translation unit that makes
+// it (checkpointer.hpp says why).
 #include "impl/instances.hpp"
 #define CKPT_DECLARE_EXTERN_CHECKPOINTER(P, S, C, D) extern template class checkpointer<P, S, C, D>;
 namespace ckpt {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "impl/checkpointer.ipp"  // its users make checkpointers other than impl/instances.hpp's
 #include "tensor.hpp"
 
 namespace ckpt {

@@ -29,6 +29,7 @@
 #include "detail/nodes.hpp"
 #include "detail/tag_store.hpp"
 #include "error.hpp"
+#include "impl/checkpointer.ipp"
 #include "names.hpp"
 #include "options.hpp"
 #include "posix.hpp"

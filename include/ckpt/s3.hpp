@@ -28,6 +28,7 @@
 
 #include "detail/keys.hpp"
 #include "error.hpp"
+#include "impl/checkpointer.ipp"  // its users make checkpointers other than impl/instances.hpp's
 #include "s3/client.hpp"
 #include "s3/options.hpp"
 

@@ -163,13 +163,7 @@ CKPT_DECL std::string to_string(std::span<const std::uint64_t> shape);
 /// @endcode
 class tensor_ref {
  public:
-  tensor_ref(dtype type, shape_t shape, void* data, device where = device::host())
-      : type_(type), shape_(std::move(shape)), data_(static_cast<std::byte*>(data)), where_(where) {
-    const auto bytes = detail::checked_size(shape_, size_of(type_));
-    if (!bytes)
-      throw error(error_kind::invalid_argument, "tensor of shape " + detail::to_string(shape_) + ": element count overflows 64 bits");
-    bytes_ = *bytes;
-  }
+  tensor_ref(dtype type, shape_t shape, void* data, device where = device::host());  // impl/tensor.ipp
   /// A read-only tensor: saving works, loading into it is an error.
   tensor_ref(dtype type, shape_t shape, const void* data, device where = device::host())
       : tensor_ref(type, std::move(shape), const_cast<void*>(data), where) {
@@ -179,28 +173,9 @@ class tensor_ref {
   /// As the constructor, but a shape with a negative size or more than 2^64 elements is kept
   /// with `problem()` saying what is wrong (and no bytes) instead of throwing, so that
   /// `v.tensor` can refuse it naming the tensor. What `view` makes.
-  static tensor_ref checked_later(dtype type, shape_t shape, std::byte* data, bool writable, device where = device::host()) {
-    std::string problem = detail::negative_entry(shape);
-    if (problem.empty()) {
-      std::uint64_t n = 1;
-      for (const auto d : shape) {
-        if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) problem = "its element count overflows 64 bits";
-        n *= d;
-      }
-      if (problem.empty() && n > std::numeric_limits<std::uint64_t>::max() / (size_of(type) ? size_of(type) : 1))
-        problem = "its size in bytes overflows 64 bits";
-    }
-    if (problem.empty()) {
-      tensor_ref t(type, std::move(shape), static_cast<void*>(data), where);
-      t.writable_ = writable;
-      return t;
-    }
-    tensor_ref t(type, shape_t{0}, static_cast<void*>(data), where);
-    t.shape_ = std::move(shape);
-    t.writable_ = writable;
-    t.problem_ = "shape " + detail::to_string(t.shape_) + ": " + problem;
-    return t;
-  }
+  static tensor_ref checked_later(dtype type, shape_t shape, std::byte* data, bool writable,
+                                  device where = device::host());
+
 
   /// A tensor `v.tensor` refuses, with an invalid_argument error naming it and saying `why`:
   /// how an adapter's `tensor_traits::ref`, which does not know the name, rejects its input.

@@ -36,6 +36,7 @@
 #include "detail/name_set.hpp"
 #include "detail/span_stream.hpp"
 #include "error.hpp"
+#include "impl/decl.hpp"
 #include "names.hpp"
 #include "tensor.hpp"
 
@@ -311,17 +312,7 @@ class visitor {
                   "std::vector or std::array of an element type, an element-type scalar, or a type with a "
                   "ckpt::tensor_traits<T> specialisation providing `static ckpt::tensor_ref ref(T&)`");
     auto full = qualified(name);
-    auto ref = tensor_traits<std::remove_cvref_t<T>>::ref(t);
-    // A size the user's signed type made negative (view, shard_spec) is refused here, by name.
-    if (!ref.problem().empty())
-      throw error(error_kind::invalid_argument, "tensor " + detail::printable(full) + ": " + ref.problem());
-    if (const auto& s = ref.shard(); s && !s->replicated)
-      for (const auto* what : {&s->global_shape, &s->offset})
-        if (const auto bad = detail::negative_entry(*what); !bad.empty())
-          throw error(error_kind::invalid_argument, "tensor " + detail::printable(full) + ": its shard spec's " +
-                                                        (what == &s->offset ? "offset " : "global shape ") + detail::to_string(*what) +
-                                                        " is negative in " + bad);
-    tensors_.push_back({std::move(full), std::move(ref)});
+    add_tensor(std::move(full), tensor_traits<std::remove_cvref_t<T>>::ref(t));
   }
 
   /// Records a value: anything cereal can serialise (counters, configs, strings, containers of
@@ -384,19 +375,11 @@ class visitor {
   }
 
  private:
-  std::string qualified(std::string_view name) {
-    validate_name(name);
-    std::string full;
-    full.reserve(prefix_.size() + name.size());
-    full.append(prefix_).append(name);
-    // The prefix is a checked name and '.', so joining two checked names can only break the
-    // length limit (checked again in full, for its message) and, where there is no prefix,
-    // nothing at all: a model of 100,000 tensors checks each name once, not twice.
-    if (!prefix_.empty() && full.size() > max_name_length) validate_name(full);
-    if (!seen_.insert(full))
-      throw error(error_kind::invalid_argument, "the state names " + detail::printable(full) + " twice");
-    return full;
-  }
+  /// `name` under the current group, checked and not named before (impl/visitor.ipp).
+  std::string qualified(std::string_view name);
+  /// Records a tensor, refusing what its adapter or shard spec found wrong (impl/visitor.ipp).
+  void add_tensor(std::string full, tensor_ref ref);
+
 
   std::vector<std::string> skip_;
   const saved_contents* saved_ = nullptr;
@@ -408,3 +391,7 @@ class visitor {
 };
 
 }  // namespace ckpt
+
+#if !defined(CKPT_SEPARATE_COMPILATION)
+#include "impl/visitor.ipp"
+#endif

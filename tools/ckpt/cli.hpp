@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <ckpt/checkpointer.hpp>
+#include <ckpt/detail/tag_store.hpp>
 #include <ckpt/dtype.hpp>
 #include <ckpt/error.hpp>
 

@@ -17,6 +17,7 @@
 
 
 #include "../ckpt.hpp"
+#include "checkpointer.ipp"
 #include "chunk_layout.ipp"
 #include "commit.ipp"
 #include "format.ipp"
@@ -24,11 +25,13 @@
 #include "metadata.ipp"
 #include "names.ipp"
 #include "names_detail.ipp"
+#include "posix.ipp"
 #include "region.ipp"
 #include "restore_plan.ipp"
 #include "save_plan.ipp"
 #include "streamed_gather.ipp"
 #include "tensor.ipp"
+#include "visitor.ipp"
 
 #define CKPT_DEFINE_CHECKPOINTER(P, S, C, D) template class checkpointer<P, S, C, D>;
 namespace ckpt {
