@@ -3,9 +3,16 @@
 // tests/separate/check.py can compare what they wrote byte for byte and load each one's
 // checkpoint with the other.
 //
-//   roundtrip save DIR   writes tags global_step3 (raw) and global_step4 (zstd) under DIR
-//   roundtrip load DIR   loads both and checks every tensor and value
+//   roundtrip save DIR   writes tags global_step3 (raw), global_step4 (zstd) and global_step5
+//                        (zstd_bytegroup) under DIR
+//   roundtrip load DIR   loads all three and checks every tensor and value
+//
+// The first two checkpointers are among those impl/instances.hpp lists: built separately, this
+// program uses the library's. The third is not, so this file includes impl/checkpointer.ipp,
+// as docs/architecture.md ("Two ways to compile") asks of such a translation unit; without it
+// the separate build would fail to link.
 #include <ckpt/ckpt.hpp>
+#include <ckpt/impl/checkpointer.ipp>
 
 #include <cstdint>
 #include <cstdio>
@@ -72,23 +79,27 @@ int main(int argc, char** argv) {
     // One writer per root at a time (each checkpointer holds the root's lock from its first save).
     using raw_checkpointer = ckpt::checkpointer<>;
     using zstd_checkpointer = ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::zstd>;
+    using bytegroup_checkpointer = ckpt::checkpointer<ckpt::single_process, ckpt::posix, ckpt::zstd_bytegroup>;
     if (mode == "save") {
       raw_checkpointer{{}, ckpt::posix(root), opts}.save(3, filled(3), {.config = args});
       zstd_checkpointer{{}, ckpt::posix(root), opts}.save(4, filled(4), {.config = args});
+      bytegroup_checkpointer{{}, ckpt::posix(root), opts}.save(5, filled(5), {.config = args});
       return 0;
     }
     if (mode != "load") return 2;
     raw_checkpointer raw_cp{{}, ckpt::posix(root), opts};
     zstd_checkpointer zstd_cp{{}, ckpt::posix(root), opts};
-    for (std::uint64_t it : {3, 4}) {
+    bytegroup_checkpointer bytegroup_cp{{}, ckpt::posix(root), opts};
+    for (std::uint64_t it : {3, 4, 5}) {
       state s = filled(99);
-      const auto r = it == 3 ? raw_cp.load(s, {.iteration = it, .config = args}) : zstd_cp.load(s, {.iteration = it, .config = args});
+      const ckpt::load_options how{.iteration = it, .config = args};
+      const auto r = it == 3 ? raw_cp.load(s, how) : it == 4 ? zstd_cp.load(s, how) : bytegroup_cp.load(s, how);
       if (r.iteration != it || !same(s, filled(it))) {
         std::fprintf(stderr, "iteration %llu did not load back as saved\n", static_cast<unsigned long long>(it));
         return 1;
       }
     }
-    std::puts("loaded both tags");
+    std::puts("loaded all three tags");
     return 0;
   } catch (const ckpt::error& e) {
     std::fprintf(stderr, "ckpt error: %s\n", e.what());
