@@ -695,9 +695,42 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w(sections_not_written(out, skip=("## GPU-resident state",)))
     # The GPU proof runs only on a GPU machine (bench/gpu/run.sh); its section is kept as written.
     w(kept_section("## GPU-resident state"))
+    text = with_kept_subsections("\n".join(out), read_doc())
     with open(os.path.join(ROOT, "docs", "performance.md"), "w") as f:
-        f.write("\n".join(out))
+        f.write(text)
     print("wrote docs/performance.md and docs/img/*.png", file=sys.stderr)
+
+
+def read_doc():
+    try:
+        with open(os.path.join(ROOT, "docs", "performance.md")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def split_sections(text, marker):
+    """`text` cut before each line that starts with `marker` ("## " or "### "): the part before
+    the first, then (title line, the whole part) for each."""
+    parts = ("\n" + text).split("\n" + marker)
+    head = parts[0][1:]
+    return head, [(marker + p.splitlines()[0].strip(), marker + p) for p in parts[1:]]
+
+
+def with_kept_subsections(new, old):
+    """`new` with, at the end of each of its sections, the subsections ("### ") that the same
+    section of `old` has and `new` does not: what a session measured by hand and wrote under a
+    section this script writes (the HDF5 peer, the many-tensor investigations) survives a rerun,
+    its date in its title saying when it was measured."""
+    _, old_sections = split_sections(old, "## ")
+    old_subs = {title: split_sections(body, "### ")[1] for title, body in old_sections}
+    head, sections = split_sections(new, "## ")
+    out = [head]
+    for title, body in sections:
+        have = {t for t, _ in split_sections(body, "### ")[1]}
+        kept = [b.rstrip("\n") + "\n" for t, b in old_subs.get(title, []) if t not in have]
+        out.append(body.rstrip("\n") + "\n" + ("\n" + "\n".join(kept) if kept else ""))
+    return "\n".join(out)
 
 
 def memory_tier_section(text):
