@@ -55,6 +55,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="skip the multi-process benchmarks")
     ap.add_argument("--only-torch", action="store_true",
                     help="rerun only the torch peers; take everything else from the last run's results")
+    ap.add_argument("--only-multi", action="store_true",
+                    help="rerun only the multi-process benchmarks; take everything else from the last run's results")
     ap.add_argument("--only-scale", action="store_true",
                     help="rerun only commit_scale and replace its section of docs/performance.md")
     ap.add_argument("--rewrite", action="store_true",
@@ -70,6 +72,17 @@ def main():
         with open(results_file) as f:
             last = json.load(f)
         write_doc(a, last["res"], last["peer"], last["scale"], last["save_scaling"], last.get("date"))
+        return
+    if a.only_multi:
+        with open(results_file) as f:
+            last = json.load(f)
+        res, peer = last["res"], last["peer"]
+        LOG.extend(last["log"])
+        scale, save_scaling = measure_multi_process(a, b, res)
+        with open(results_file, "w") as f:
+            json.dump({"res": res, "peer": peer, "scale": scale, "save_scaling": save_scaling, "log": LOG,
+                       "date": datetime.date.today().isoformat()}, f)
+        write_doc(a, res, peer, scale, save_scaling)
         return
     if a.only_torch:
         with open(results_file) as f:
@@ -112,16 +125,23 @@ def measure_ckpt(a, b):
 
     scale = save_scaling = None
     if not a.quick:
-        scale = run([f"{b}/commit_scale", "--tensors", "1000", "--ranks", "256,1024,4096,8192,16384", "--runs", "4"])
-        mpi = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-        env = dict(os.environ, OMPI_MCA_btl="self,vader")
-        save_scaling = ""
-        for np in (1, 2, 4):
-            save_scaling += run(mpi + ["-np", str(np), f"{b}/save_scaling", "--mib", "512", "--runs", "5"], env=env)
-        # The memory tier: four ranks on two emulated nodes (memory on /dev/shm, durable on a.dir).
-        res["memory_tier"] = run(mpi + ["-np", "4", f"{b}/memory_tier", "--disk", a.dir + "/memory_tier", "--mib", "64",
-                                        "--runs", "5"], env=env)
+        scale, save_scaling = measure_multi_process(a, b, res)
     return res, scale, save_scaling
+
+
+def measure_multi_process(a, b, res):
+    """commit_scale, save_scaling and the memory tier (under mpirun); the memory tier's table goes
+    into `res`. Returns commit_scale's and save_scaling's outputs."""
+    scale = run([f"{b}/commit_scale", "--tensors", "1000", "--ranks", "256,1024,4096,8192,16384", "--runs", "4"])
+    mpi = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    env = dict(os.environ, OMPI_MCA_btl="self,vader")
+    save_scaling = ""
+    for np in (1, 2, 4):
+        save_scaling += run(mpi + ["-np", str(np), f"{b}/save_scaling", "--mib", "512", "--runs", "5"], env=env)
+    # The memory tier: four ranks on two emulated nodes (memory on /dev/shm, durable on a.dir).
+    res["memory_tier"] = run(mpi + ["-np", "4", f"{b}/memory_tier", "--disk", a.dir + "/memory_tier", "--mib", "64",
+                                    "--runs", "5"], env=env)
+    return scale, save_scaling
 
 
 def measure_torch_peers(a, b):
