@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include <ckpt/ckpt.hpp>
+// The suite makes checkpointers of its own (storages that fail or count, codecs, devices), and
+// tools/dev.sh builds it with CKPT_SEPARATE_COMPILATION: every test file needs the members'
+// definitions, not only those whose unity group happens to include a back end's header.
+#include <ckpt/impl/checkpointer.ipp>
 #include <ckpt/detail/chunk_details.hpp>
 #include <ckpt/detail/metadata.hpp>
 

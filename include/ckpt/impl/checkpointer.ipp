@@ -4,8 +4,9 @@
 // CKPT_SEPARATE_COMPILATION, impl/src.hpp includes it to compile the checkpointers
 // impl/instances.hpp lists, and so does any translation unit that makes another checkpointer
 // (a Storage, Codec, DevicePolicy or ShardPolicy of its own): without it, that program fails to
-// link, naming the member (`checkpointer<...>::save_state`) it lacks. The back ends' headers
-// outside ckpt.hpp (mpi.hpp, s3.hpp, in_process.hpp, memory_tier.hpp, cuda/) include it.
+// link, naming the members it lacks (the constructor, the destructor, `save_state`,
+// `load_state`). The back ends' headers outside ckpt.hpp (mpi.hpp, s3.hpp, in_process.hpp,
+// memory_tier.hpp, cuda/) include it.
 
 #include <exception>
 #include <memory>
