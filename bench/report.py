@@ -71,17 +71,17 @@ def main():
     if a.rewrite:
         with open(results_file) as f:
             last = json.load(f)
+        a.runs = last.get("runs", a.runs)  # the doc's command lines give the runs that were measured
         write_doc(a, last["res"], last["peer"], last["scale"], last["save_scaling"], last.get("date"))
         return
     if a.only_multi:
         with open(results_file) as f:
             last = json.load(f)
         res, peer = last["res"], last["peer"]
+        a.runs = last.get("runs", a.runs)  # the single-process sections keep the runs they had
         LOG.extend(last["log"])
         scale, save_scaling = measure_multi_process(a, b, res)
-        with open(results_file, "w") as f:
-            json.dump({"res": res, "peer": peer, "scale": scale, "save_scaling": save_scaling, "log": LOG,
-                       "date": datetime.date.today().isoformat()}, f)
+        save_results(results_file, a, res, peer, scale, save_scaling)
         write_doc(a, res, peer, scale, save_scaling)
         return
     if a.only_torch:
@@ -92,11 +92,15 @@ def main():
     else:
         res, scale, save_scaling = measure_ckpt(a, b)
     peer = measure_torch_peers(a, b)
-    with open(results_file, "w") as f:
-        json.dump({"res": res, "peer": peer, "scale": scale, "save_scaling": save_scaling, "log": LOG,
-                   "date": datetime.date.today().isoformat()}, f)
+    save_results(results_file, a, res, peer, scale, save_scaling)
     print(f"raw outputs in {results_file}", file=sys.stderr)
     write_doc(a, res, peer, scale, save_scaling)
+
+
+def save_results(path, a, res, peer, scale, save_scaling):
+    with open(path, "w") as f:
+        json.dump({"res": res, "peer": peer, "scale": scale, "save_scaling": save_scaling, "log": LOG,
+                   "runs": a.runs, "date": datetime.date.today().isoformat()}, f)
 
 
 def measure_ckpt(a, b):
