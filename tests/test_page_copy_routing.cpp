@@ -598,6 +598,169 @@ TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 Mi
 }
 
 namespace {
+/// One f32 tensor in memory the test places: page-aligned, or 64 bytes into a page.
+struct placed_tensor {
+  std::size_t bytes;
+  test::page_block block;
+  std::byte* data;
+  placed_tensor(std::size_t n, std::size_t shift) : bytes(n), block(n + 4096), data(block.start + shift) {}
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", ckpt::tensor_ref(ckpt::dtype::f32, {bytes / 4}, data));
+  }
+};
+}  // namespace
+
+TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk straight into them") {
+  // With O_DIRECT, the disk's transfer can land in the tensor itself when the tensor's memory
+  // and the chunk's file offset are page-aligned: no aligned buffer, no copy. The chunks are
+  // then read and hashed in pieces of 4 MiB, and a partial block at a chunk's end comes
+  // through the page cache.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::size_t bytes = (std::size_t{9} << 20) + 1000;  // chunks of 4 MiB, 4 MiB and 1 MiB + 1000 bytes
+  placed_tensor saved(bytes, 0);
+  std::mt19937 rng(16);
+  test::fill_bytes(std::span<std::byte>(saved.data, bytes), rng);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  const auto same = [&](const placed_tensor& t) { return std::equal(t.data, t.data + bytes, saved.data); };
+
+  placed_tensor back(bytes, 0);
+  REQUIRE(test::drop_from_cache(shard));
+  auto got = record([&] { cp.load(back); });
+  CHECK(same(back));
+  const auto at = [&](const call& c) { return c.buffer - reinterpret_cast<std::uintptr_t>(back.data); };
+  const auto inside = [&](const call& c) { return c.buffer >= reinterpret_cast<std::uintptr_t>(back.data) && at(c) < bytes; };
+  std::vector<call> into_tensor;
+  for (const auto& c : got)
+    if (inside(c)) into_tensor.push_back(c);
+  std::sort(into_tensor.begin(), into_tensor.end(), [&](const call& a, const call& b) { return a.buffer < b.buffer; });
+  REQUIRE(into_tensor.size() == 4);
+  const std::size_t mib = std::size_t{1} << 20;
+  const std::vector<std::size_t> offsets{0, 4 * mib, 8 * mib, 9 * mib}, sizes{4 * mib, 4 * mib, mib, 1000};
+  for (std::size_t k = 0; k < 4; ++k) {
+    CAPTURE(k);
+    CHECK(at(into_tensor[k]) == offsets[k]);
+    CHECK(into_tensor[k].bytes == sizes[k]);
+    CHECK(into_tensor[k].o_direct == (k < 3));  // the partial block: through the page cache
+    CHECK(into_tensor[k].position - into_tensor[0].position == offsets[k]);  // one chunk after another in the file
+  }
+  // Every other read is of the file's header, index or footer.
+  for (const auto& c : got)
+    if (!inside(c)) CHECK(c.bytes < 64 * 1024);
+
+  // A tensor 64 bytes into a page (as PyTorch aligns them) goes through the reader's buffer.
+  placed_tensor shifted(bytes, 64);
+  REQUIRE(test::drop_from_cache(shard));
+  got = record([&] { cp.load(shifted); });
+  CHECK(same(shifted));
+  for (const auto& c : got)
+    if (c.o_direct) CHECK((c.buffer + c.bytes <= reinterpret_cast<std::uintptr_t>(shifted.data) ||
+                           c.buffer >= reinterpret_cast<std::uintptr_t>(shifted.data) + bytes));
+
+  // A file system or memory that refuses O_DIRECT into the tensor: the same bytes, through the
+  // page cache.
+  placed_tensor refused(bytes, 0);
+  REQUIRE(test::drop_from_cache(shard));
+  refuse_o_direct = true;
+  got = record([&] { cp.load(refused); });
+  refuse_o_direct = false;
+  CHECK(same(refused));
+
+  // A flipped byte in the second chunk: the load names the file, the tensor and the chunk.
+  {
+    std::fstream f(shard, std::ios::binary | std::ios::in | std::ios::out);
+    const auto pos = static_cast<std::streamoff>(into_tensor[1].position + 12345);
+    f.seekg(pos);
+    char c = 0;
+    f.get(c);
+    f.seekp(pos);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  REQUIRE(test::drop_from_cache(shard));
+  placed_tensor damaged(bytes, 0);
+  try {
+    cp.load(damaged);
+    FAIL("a damaged chunk loaded");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    const std::string what = e.what();
+    CHECK(what.find("model_optim_rng.ckpt") != std::string::npos);
+    CAPTURE(what);
+    CHECK(what.find("tensor 'w'") != std::string::npos);
+    CHECK(what.find("checksum mismatch at offset " + std::to_string(into_tensor[1].position)) != std::string::npos);
+  }
+}
+
+TEST_CASE("posix's reader reads in place only page-aligned memory at page-aligned offsets, from the disk, and reports a truncated file") {
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  std::vector<std::byte> content((std::size_t{3} << 20) + 4096 + 500);
+  std::mt19937 rng(17);
+  test::fill_bytes(content, rng);
+  const auto path = dir.path() / "blob";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+  }
+  REQUIRE(test::drop_from_cache(path));
+  ckpt::posix disk(dir.path());
+  const auto r = disk.open_reader("blob");
+  test::page_block block(std::size_t{4} << 20);
+  const std::size_t mib = std::size_t{1} << 20;
+  const std::span<std::byte> aligned(block.start, 2 * mib);
+  CHECK(r.reads_in_place(4096, aligned));
+  CHECK_FALSE(r.reads_in_place(4096 + 512, aligned));                     // the offset
+  CHECK_FALSE(r.reads_in_place(4096, std::span<std::byte>(block.start + 64, 2 * mib)));  // the memory
+  CHECK_FALSE(r.reads_in_place(4096, aligned.first(mib - 4096)));          // too small: read ahead instead
+  auto got = record([&] { r.read(4096, aligned); });
+  check_direct(got, reinterpret_cast<std::uintptr_t>(aligned.data()), 4096, 2 * mib);
+  CHECK(got[0].o_direct);
+  CHECK(std::equal(aligned.begin(), aligned.end(), content.begin() + 4096));
+  CHECK(test::resident_pages(path) == 0);
+
+  // Cached bytes are read through the cache.
+  {
+    std::ifstream warm(path, std::ios::binary);
+    std::vector<char> sink(content.size());
+    warm.read(sink.data(), static_cast<std::streamsize>(sink.size()));
+  }
+  CHECK_FALSE(r.reads_in_place(4096, aligned));
+  got = record([&] { r.read(4096, aligned); });
+  REQUIRE(got.size() == 1);
+  CHECK_FALSE(got[0].o_direct);
+  CHECK(std::equal(aligned.begin(), aligned.end(), content.begin() + 4096));
+
+  // A file that shrinks while it is read (its size was taken when the reader first asked
+  // what is cached): `corrupt`, naming the file and where it now ends, whether the end falls in
+  // the whole blocks read in place or in the partial block after them.
+  const auto truncated = [&](std::uint64_t ends_at) {
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+    }
+    REQUIRE(test::drop_from_cache(path));
+    const auto shrinking = disk.open_reader("blob");
+    const std::span<std::byte> out(block.start, content.size() - 2 * mib);  // to the end of the file
+    REQUIRE(shrinking.reads_in_place(2 * mib, out));
+    std::filesystem::resize_file(path, ends_at);
+    try {
+      shrinking.read(2 * mib, out);
+      FAIL("read past the end");
+    } catch (const ckpt::error& e) {
+      CHECK(e.kind() == ckpt::error_kind::corrupt);
+      const std::string what = e.what();
+      CHECK(what.find(path.string() + " is truncated") != std::string::npos);
+      CHECK(what.find("the file ends at " + std::to_string(ends_at)) != std::string::npos);
+    }
+  };
+  truncated(2 * mib + mib / 2);            // in the whole blocks
+  truncated(content.size() - 300);         // in the partial block after them
+}
+
+namespace {
 struct many_small {
   std::vector<std::vector<float>> w = std::vector<std::vector<float>>(300, std::vector<float>(2048));  // 8 KiB each
   template <class V>

@@ -174,6 +174,20 @@ concept opens_readers = requires(const S& cs, std::string_view key, std::uint64_
 template <class R>
 concept announces_reads = requires(R& r, std::uint64_t offset, std::size_t n) { r.will_read(offset, n); };
 
+/// A reader that can read some ranges from the disk straight into the caller's memory, with no
+/// copy (posix with O_DIRECT, into page-aligned memory at a page-aligned offset), offers
+/// `reads_in_place(offset, out)`: true when `read(offset, out)` would do so. Loads then read
+/// such a chunk in pieces of `in_place_piece_bytes` instead of `read_piece_bytes`, and hash
+/// each piece after it arrives: there is no copy to keep in the cache, and a disk moves large
+/// requests faster than small ones.
+template <class R>
+concept reads_in_place = requires(const R& r, std::uint64_t offset, std::span<const std::byte> out) {
+  { r.reads_in_place(offset, out) } -> std::convertible_to<bool>;
+};
+
+/// The pieces a load reads a chunk in when its reader reads them in place (reads_in_place).
+inline constexpr std::size_t in_place_piece_bytes = std::size_t{4} << 20;
+
 /// What `open_reader` returns, or std::monostate for a Storage without readers.
 template <class S>
 struct reader_of {

@@ -402,6 +402,7 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
     }
     block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
   }
+  if (in_place(offset, out) && read_in_place(offset, out)) return true;
   auto at = offset / direct_alignment * direct_alignment;
   for (bool first = true; at < end; first = false) {  // one read, unless `out` is over 4 MiB
     const auto until = announced ? hint_.second : end;  // read ahead only in the announced range
@@ -431,6 +432,30 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
     copy_out(from, out.subspan(from - offset, to - from));
     at += want;
   }
+  return true;
+}
+
+CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std::byte> out) const {
+  const auto whole = out.size() / direct_alignment * direct_alignment;
+  std::size_t got = 0;  // fewer than `whole` only at the end of the file
+  while (got < whole) {
+    const ssize_t n = ::pread(direct_fd_, out.data() + got, whole - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL && got == 0) {
+        in_place_ = false;  // this memory or file refuses: the aligned buffer from now on
+        return false;
+      }
+      throw detail::posix_error("read", path_.string(), errno);
+    }
+    got += static_cast<std::size_t>(n);
+    if (n == 0 || got % direct_alignment != 0) break;  // the end of the file
+  }
+  if (got < whole)
+    throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(offset) + ", " +
+                                         std::to_string(offset + out.size()) + "), the file ends at " +
+                                         std::to_string(offset + got));
+  if (whole < out.size()) read_exactly(offset + whole, out.subspan(whole), offset, out.size());
   return true;
 }
 
