@@ -694,6 +694,88 @@ TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk strai
   }
 }
 
+namespace {
+/// ckpt::posix, recording what a load asks its readers for (which buffer, how many bytes).
+struct read_call {
+  std::uintptr_t buffer;
+  std::size_t bytes;
+};
+std::mutex read_calls_mu;
+std::vector<read_call> read_calls;
+struct logging_posix : ckpt::posix {
+  using ckpt::posix::posix;
+  struct reader {
+    ckpt::posix::reader inner;
+    void read(std::uint64_t offset, std::span<std::byte> out) const {
+      {
+        std::lock_guard lock(read_calls_mu);
+        read_calls.push_back({reinterpret_cast<std::uintptr_t>(out.data()), out.size()});
+      }
+      inner.read(offset, out);
+    }
+    void will_read(std::uint64_t offset, std::uint64_t bytes) const noexcept { inner.will_read(offset, bytes); }
+    bool reads_in_place(std::uint64_t offset, std::span<const std::byte> out) const { return inner.reads_in_place(offset, out); }
+  };
+  reader open_reader(std::string_view key) const { return {ckpt::posix::open_reader(key)}; }
+};
+/// A [3072, 1024] f32 tensor, whole; and its rows [512, 2560).
+struct whole_tensor {
+  std::vector<float>* w;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", ckpt::tensor_ref(ckpt::dtype::f32, {3072, 1024}, reinterpret_cast<std::byte*>(w->data())));
+  }
+};
+struct row_slice {
+  std::byte* data;
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("w", ckpt::tensor_ref(ckpt::dtype::f32, {2048, 1024}, data).sharded({.global_shape = {3072, 1024}, .offset = {512, 0}}));
+  }
+};
+}  // namespace
+
+TEST_CASE("a resharded load reads the chunks it needs only in part into page-aligned buffers, straight from the disk") {
+  // A slice of rows [512, 2560) of a [3072, 1024] f32 tensor saved whole in chunks of 1024 rows
+  // (4 MiB): the middle chunk lands in the slice whole and is read into it; the first and last
+  // are needed in part, so each is read whole into a load buffer, verified there, and its rows
+  // copied out. Those buffers are page-aligned, so the disk fills them without the reader's
+  // aligned buffer and its copy: one read of 4 MiB each, not 16 of 256 KiB.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::uint64_t rows = 3072, cols = 1024, row_bytes = cols * 4;
+  std::vector<float> whole(rows * cols);
+  test::fill_random(whole, 18);
+  whole_tensor saved{&whole};
+  ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
+  cp.save(1, saved);
+  const std::uint64_t first = 512, count = 2048;
+  test::page_block block(count * row_bytes);
+  row_slice back{block.start};
+  REQUIRE(test::drop_from_cache(dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt"));
+  {
+    std::lock_guard lock(read_calls_mu);
+    read_calls.clear();
+  }
+  const auto got = record([&] { cp.load(back); });
+  CHECK(std::equal(block.start, block.start + count * row_bytes, reinterpret_cast<const std::byte*>(whole.data() + first * cols)));
+  const auto tensor = reinterpret_cast<std::uintptr_t>(block.start);
+  std::vector<read_call> large;  // the chunks' reads; the others are of the header, index and footer
+  for (const auto& c : read_calls)
+    if (c.bytes >= 64 * 1024) large.push_back(c);
+  REQUIRE(large.size() == 3);
+  const std::size_t chunk = std::size_t{4} << 20;
+  std::size_t into_tensor = 0;
+  for (const auto& c : large) {
+    CHECK(c.bytes == chunk);  // each chunk in one read
+    CHECK(c.buffer % 4096 == 0);
+    if (c.buffer == tensor + (1024 - first) * row_bytes) ++into_tensor;  // the middle chunk, in place
+    // ... and the disk's transfer went into that very buffer.
+    CHECK(std::count_if(got.begin(), got.end(), [&](const call& d) { return d.o_direct && d.buffer == c.buffer && d.bytes == chunk; }) >= 1);
+  }
+  CHECK(into_tensor == 1);
+}
+
 TEST_CASE("posix's reader reads in place only page-aligned memory at page-aligned offsets, from the disk, and reports a truncated file") {
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;

@@ -58,6 +58,8 @@ struct posix_options {
   /// through the page cache first allocates a page for every 4 KiB and then copies it. On
   /// this project's VM, `dd` read 2.5 GiB from a dropped cache in 8.3-8.9 s through the page
   /// cache and in 3.2-5.7 s with O_DIRECT. Bytes already cached are read from the cache.
+  /// Chunks bound for page-aligned memory (a tensor that starts at a page, a load's own
+  /// buffers) are read straight into it; others through an aligned buffer and one copy.
   bool direct_reads = true;
   /// Chunks a load reads at once (`reads_in_flight()`), each on a worker that then verifies
   /// and copies it while the others wait for the disk; a worker reading with O_DIRECT holds a

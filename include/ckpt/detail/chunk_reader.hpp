@@ -186,7 +186,9 @@ class chunk_reader {
     }
 
     struct slot {
-      staging_buffer<Dev> buffer;  // pinned memory when the DevicePolicy lends it
+      // Pinned memory when the DevicePolicy lends it; otherwise page-aligned, so that a chunk
+      // read whole (resharded, or encoded) comes from the disk straight into it (reads_in_place).
+      staging_buffer<Dev, 4096> buffer;
       std::vector<std::byte> decoded;
       std::span<const std::byte> plain;
       open_file file;  // used by one item at a time, like the buffer

@@ -4,6 +4,8 @@
 // ordinary vectors.
 
 #include <cstddef>
+#include <new>
+#include <type_traits>
 #include <span>
 #include <vector>
 
@@ -12,9 +14,27 @@
 
 namespace ckpt::detail {
 
+/// std::allocator, aligned to `Align` bytes.
+template <class T, std::size_t Align>
+struct aligned_allocator {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = aligned_allocator<U, Align>;
+  };
+  aligned_allocator() noexcept = default;
+  template <class U>
+  aligned_allocator(const aligned_allocator<U, Align>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Align})); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{Align}); }
+  friend bool operator==(const aligned_allocator&, const aligned_allocator&) noexcept { return true; }
+};
+
 /// A resizable host buffer that borrows from `D` when it can. Contents are not kept across a
 /// resize. Only `resize` borrows, so callers size buffers on the thread that calls the policy.
-template <class D>
+/// `Align`: the alignment of the buffer when it is not lent (a load's buffers are page-aligned,
+/// so that posix's O_DIRECT reads fill them without a copy: posix::reader::reads_in_place).
+template <class D, std::size_t Align = __STDCPP_DEFAULT_NEW_ALIGNMENT__>
 class staging_buffer {
  public:
   void resize(std::size_t n, D& device) {
@@ -60,7 +80,9 @@ class staging_buffer {
 
  private:
   lent_buffer lent_;
-  std::vector<std::byte> vec_;
+  std::conditional_t<(Align > __STDCPP_DEFAULT_NEW_ALIGNMENT__), std::vector<std::byte, aligned_allocator<std::byte, Align>>,
+                     std::vector<std::byte>>
+      vec_;
   std::size_t size_ = 0;
   bool lent_used_ = false;
 };
