@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace bench {
@@ -245,6 +247,55 @@ inline void raw_write_direct(const state& s, const std::filesystem::path& file) 
   ::operator delete(buf, std::align_val_t{block});
 }
 
+/// The least a verified save of the state must do, without ckpt's format: the same file as
+/// raw_write_direct, its space allocated first (fallocate), written in pieces of 1 MiB by `depth`
+/// threads at once (as many O_DIRECT writes in flight as ckpt's writer keeps), each piece copied
+/// from the tensors into the thread's aligned buffer and hashed with XXH3 in 256 KiB parts, as
+/// ckpt checksums chunks; the last partial block padded, the file then cut to size and fsync'd.
+inline void raw_write_verified(const state& s, const std::filesystem::path& file, unsigned depth) {
+  constexpr std::size_t piece = std::size_t{1} << 20, part = std::size_t{256} << 10;
+  std::vector<std::uint64_t> starts;  // each tensor's first byte in the file
+  std::uint64_t total = 0;
+  for (const auto& t : s.tensors) starts.push_back(std::exchange(total, total + t.size()));
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) die("open with O_DIRECT " + file.string());
+  const auto padded = (total + 4095) / 4096 * 4096;
+  if (::fallocate(fd, 0, 0, static_cast<off_t>(padded)) != 0) die("fallocate " + file.string());
+  const std::size_t pieces = (total + piece - 1) / piece;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> sink{0};
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < depth; ++w)
+    pool.emplace_back([&] {
+      auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
+      std::uint64_t h = 0;
+      for (std::size_t k; (k = next++) < pieces;) {
+        const std::uint64_t from = k * piece, to = std::min<std::uint64_t>(from + piece, total);
+        auto t = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), from) - starts.begin() - 1);
+        for (std::uint64_t at = from; at < to; ++t) {  // copy from each tensor the piece holds
+          const auto n = std::min<std::uint64_t>(to, starts[t] + s.tensors[t].size()) - at;
+          std::memcpy(buf + (at - from), s.tensors[t].data() + (at - starts[t]), n);
+          at += n;
+        }
+        for (std::uint64_t at = 0; at < to - from; at += part)
+          h ^= ckpt::detail::xxh3(std::span<const std::byte>(buf + at, std::min<std::uint64_t>(part, to - from - at)));
+        const auto want = (to - from + 4095) / 4096 * 4096;
+        std::memset(buf + (to - from), 0, want - (to - from));
+        for (std::size_t done = 0; done < want;) {
+          const auto n = ::pwrite(fd, buf + done, want - done, static_cast<off_t>(from + done));
+          if (n <= 0) die("write " + file.string());
+          done += static_cast<std::size_t>(n);
+        }
+      }
+      sink += h;
+      ::operator delete(buf, std::align_val_t{4096});
+    });
+  for (auto& p : pool) p.join();
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0 || ::fsync(fd) != 0) die("fsync " + file.string());
+  ::close(fd);
+  if (sink == 42) std::printf(" ");  // keeps the hashes
+}
+
 /// The file read back with O_DIRECT in 8 MiB pieces into an aligned buffer, copied into the
 /// state's buffers: the limit for a load that bypasses the page cache.
 inline void raw_read_direct(state& s, const std::filesystem::path& file) {
@@ -268,6 +319,51 @@ inline void raw_read_direct(state& s, const std::filesystem::path& file) {
   }
   ::close(fd);
   ::operator delete(buf, std::align_val_t{block});
+}
+
+/// The least a verified load into the state's buffers must do, without ckpt's format: the file
+/// `raw_write_direct` wrote, read with O_DIRECT in 4 MiB pieces by `depth` threads at once (as
+/// many requests in flight as ckpt's load keeps), each piece copied into the tensors it holds
+/// and hashed with XXH3 in 256 KiB parts, as ckpt verifies chunks. The copy is needed because
+/// O_DIRECT reads land only in aligned memory, and the workload's tensors are 64-byte aligned.
+inline void raw_read_verified(state& s, const std::filesystem::path& file, unsigned depth) {
+  constexpr std::size_t piece = std::size_t{4} << 20, part = std::size_t{256} << 10;
+  std::vector<std::uint64_t> starts;  // each tensor's first byte in the file
+  std::uint64_t total = 0;
+  for (const auto& t : s.tensors) starts.push_back(std::exchange(total, total + t.size()));
+  const std::size_t pieces = (total + piece - 1) / piece;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> sink{0};
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < depth; ++w)
+    pool.emplace_back([&] {
+      const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
+      if (fd < 0) die("open with O_DIRECT " + file.string());
+      auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
+      std::uint64_t h = 0;
+      for (std::size_t k; (k = next++) < pieces;) {
+        const std::uint64_t from = k * piece, to = std::min<std::uint64_t>(from + piece, total);
+        const auto want = (to - from + 4095) / 4096 * 4096;
+        for (std::size_t got = 0; got < to - from;) {
+          const auto n = ::pread(fd, buf + got, want - got, static_cast<off_t>(from + got));
+          if (n <= 0) die("read " + file.string());
+          got += static_cast<std::size_t>(n);
+        }
+        auto t = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), from) - starts.begin() - 1);
+        for (std::uint64_t at = from; at < to; ++t) {  // copy into each tensor the piece holds
+          const auto n = std::min<std::uint64_t>(to, starts[t] + s.tensors[t].size()) - at;
+          std::memcpy(s.tensors[t].data() + (at - starts[t]), buf + (at - from), n);
+          at += n;
+        }
+        for (std::uint64_t at = 0; at < to - from; at += part)
+          h ^= ckpt::detail::xxh3(std::span<const std::byte>(buf + at, std::min<std::uint64_t>(part, to - from - at)));
+      }
+      sink += h;
+      ::operator delete(buf, std::align_val_t{4096});
+      ::close(fd);
+    });
+  for (auto& p : pool) p.join();
+  if (sink == 42) std::printf(" ");  // keeps the hashes
 }
 
 /// The limit for loads: the same file read back in order with read(2) into the state's buffers.
