@@ -113,28 +113,34 @@ case "${1:-}" in
     configure -Db_sanitize=address,undefined -Dseparate_compilation=true "${common[@]}"
     install_s3rver
     meson compile -C "$build_dir" tests/unit tests/crash/crash_campaign tests/torch/torch_pt tests/safetensors/test_safetensors \
-      tests/s3/test_s3_signing tests/s3/test_s3
+      tests/s3/test_s3_signing tests/s3/test_s3 tests/page_copy_routing
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp
     "$build_dir/tests/unit" --no-intro --minimal || status=1
     "$build_dir/tests/torch/torch_pt" --no-intro --minimal || status=1
     "$build_dir/tests/safetensors/test_safetensors" --no-intro --minimal || status=1
     "$build_dir/tests/crash/crash_campaign" --trials 40 --mode both || status=1
+    # The system-call routing tests: O_DIRECT reads and writes straight into and out of the
+    # caller's memory and a load's buffers, bounce buffers, truncation and damage on those paths.
+    "$build_dir/tests/page_copy_routing" --no-intro --minimal || status=1
     # The S3 client: signing, retries, listings and errors on a loopback listener; then the
     # whole S3 suite against s3rver (it runs under TSan below too).
     "$build_dir/tests/s3/test_s3_signing" --no-intro --minimal || status=1
     /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
-    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, S3 client and suite, 40 crash trials)"
+    [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, S3 client and suite, 40 crash trials, system-call routing)"
     # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
     build_dir=${TSAN_BUILD_DIR:-build-tsan}
     configure -Db_sanitize=thread -Dseparate_compilation=true "${common[@]}"
-    meson compile -C "$build_dir" tests/unit_threads tests/s3/test_s3 tests/cuda/test_device_copy tests/cuda/test_nccl
+    meson compile -C "$build_dir" tests/unit_threads tests/s3/test_s3 tests/cuda/test_device_copy tests/cuda/test_nccl \
+      tests/page_copy_routing
     TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/unit_threads" --no-intro --minimal || status=1
+    # Parallel load workers reading into disjoint parts of one tensor, and the writer's queue.
+    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/page_copy_routing" --no-intro --minimal || status=1
     # The GPU policies on their fakes: every fake stream and fake NCCL rank is a thread.
     TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_device_copy" --no-intro --minimal || status=1
     TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_nccl" --no-intro --minimal || status=1
     TSAN_OPTIONS=halt_on_error=1 /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
-    [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests, S3 tests, device_copy and NCCL on their fakes)"
+    [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests, system-call routing, S3 tests, device_copy and NCCL on their fakes)"
     exit $status
     ;;
   *)
