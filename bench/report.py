@@ -284,6 +284,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     import matplotlib.pyplot as plt
 
     f32, bfa, cod = res["fp32"], res["bf16_adam"], res["codecs"]
+    # What bounds ckpt: save_vs_raw's verified and page-aligned writers and reads, measured since
+    # 2026-12-04 (results from before lack them).
+    bounds = all("settled_verified_write_s" in d for d in (f32, bfa))
     gib = a.gib
     rows = [
         # (figure, target text, target value, higher is better, values of the runs, workload note)
@@ -298,14 +301,14 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("", "", 0.95, True, bfa["settled_save_vs_best_ratio"], "bf16+Adam"),
         ("the same, back to back (the second writer of a pair is slowed)", "", 0.90, True, f32["save_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["save_ratio"], "bf16+Adam"),
-    ] + ([  # results from before 2026-12-04's second session lack these rows
+    ] + ([
         ("save / a verified write without the format: copy, hash, O_DIRECT at ckpt's depth", "", 0.95, True,
          f32["settled_save_vs_verified_ratio"], "fp32"),
         ("", "", 0.95, True, bfa["settled_save_vs_verified_ratio"], "bf16+Adam"),
         ("save of page-aligned tensors (no copy) / the round's fastest raw write", "", 0.95, True,
          f32["settled_save_paged_vs_best_ratio"], "fp32"),
         ("", "", 0.95, True, bfa["settled_save_paged_vs_best_ratio"], "bf16+Adam"),
-    ] if "settled_save_vs_verified_ratio" in f32 and "settled_save_vs_verified_ratio" in bfa else []) + [
+    ] if bounds else []) + [
         ("load / raw read, page cache dropped, each from a settled disk", "≥ 0.90", 0.90, True,
          f32["settled_load_cold_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["settled_load_cold_ratio"], "bf16+Adam"),
@@ -316,14 +319,14 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("", "", 0.95, True, bfa["settled_load_cold_vs_best_ratio"], "bf16+Adam"),
         ("the same, back to back", "", 0.90, True, f32["load_cold_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["load_cold_ratio"], "bf16+Adam"),
-    ] + ([  # results from before 2026-12-04's second session lack these rows
+    ] + ([
         ("cold load / a verified read without the format: O_DIRECT at ckpt's depth, copy and hash", "", 0.95, True,
          f32["settled_load_vs_verified_ratio"], "fp32"),
         ("", "", 0.95, True, bfa["settled_load_vs_verified_ratio"], "bf16+Adam"),
         ("cold load into page-aligned tensors (no copy) / the round's fastest raw read", "", 0.95, True,
          f32["settled_load_paged_vs_best_ratio"], "fp32"),
         ("", "", 0.95, True, bfa["settled_load_paged_vs_best_ratio"], "bf16+Adam"),
-    ] if "settled_load_vs_verified_ratio" in f32 and "settled_load_vs_verified_ratio" in bfa else []) + [
+    ] if bounds else []) + [
         ("load / raw read, warm", "≥ 0.90", 0.90, True, f32["load_warm_ratio"], "fp32"),
         ("", "", 0.90, True, bfa["load_warm_ratio"], "bf16+Adam"),
         ("the same, into buffers 16 bytes into a page (a std::vector's)", "", 0.90, True,
@@ -582,7 +585,6 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "`--direct=1 --ioengine=libaio --iodepth=16`, in 1 MiB and 4 MiB blocks, by fio's own job runtime (its "
       "start-up left out); the fastest of those and the depth-1 loop is the round's limit, and ckpt's ratio to it "
       "is the strictest row of the targets table. Round 0 warms up; medians of the others, in seconds.\n")
-    bounds = all("settled_verified_write_s" in d for d in (f32, bfa))  # measured since 2026-12-04
     w("| workload | raw write+fsync | raw O_DIRECT write+fsync | fio write, depth 16 | ckpt save | save / fastest | "
       "raw read cold | raw O_DIRECT read | fio read, depth 16 | ckpt load cold | load / fastest |")
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -247,53 +247,85 @@ inline void raw_write_direct(const state& s, const std::filesystem::path& file) 
   ::operator delete(buf, std::align_val_t{block});
 }
 
+/// The state's tensors one after another, as raw_write_direct writes them, moved in pieces by
+/// several threads at once: what raw_write_verified and raw_read_verified share.
+class in_pieces {
+ public:
+  explicit in_pieces(const state& s) {
+    for (const auto& t : s.tensors) starts_.push_back(std::exchange(total_, total_ + t.size()));
+  }
+  std::uint64_t total() const noexcept { return total_; }
+
+  /// Calls `f(tensor, at_in_tensor, at_in_piece, n)` for each run of `n` bytes of one tensor
+  /// that the file's bytes [from, to) hold.
+  template <class F>
+  void for_each_part(std::uint64_t from, std::uint64_t to, F&& f) const {
+    auto t = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), from) - starts_.begin() - 1);
+    for (std::uint64_t at = from; at < to; ++t) {
+      const auto n = std::min(to, t + 1 < starts_.size() ? starts_[t + 1] : total_) - at;
+      f(t, at - starts_[t], at - from, n);
+      at += n;
+    }
+  }
+
+  /// Cuts the file into pieces of `piece` bytes for `depth` threads, each with a 4 KiB-aligned
+  /// buffer of that size, and calls `work(from, to, buffer, hash)` for each piece [from, to);
+  /// `hash(n)` hashes the buffer's first n bytes with XXH3 in 256 KiB parts, as ckpt checksums
+  /// chunks.
+  template <class Work>
+  void run(std::size_t piece, unsigned depth, Work&& work) const {
+    const std::size_t pieces = (total_ + piece - 1) / piece;
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::uint64_t> sink{0};
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < depth; ++w)
+      pool.emplace_back([&] {
+        auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
+        std::uint64_t h = 0;
+        const auto hash = [&](std::uint64_t n) {
+          constexpr std::uint64_t part = std::uint64_t{256} << 10;
+          for (std::uint64_t at = 0; at < n; at += part)
+            h ^= ckpt::detail::xxh3(std::span<const std::byte>(buf + at, std::min(part, n - at)));
+        };
+        for (std::size_t k; (k = next++) < pieces;) work(k * piece, std::min<std::uint64_t>((k + 1) * piece, total_), buf, hash);
+        sink += h;
+        ::operator delete(buf, std::align_val_t{4096});
+      });
+    for (auto& p : pool) p.join();
+    if (sink == 42) std::printf(" ");  // keeps the hashes
+  }
+
+ private:
+  std::vector<std::uint64_t> starts_;  // each tensor's first byte in the file
+  std::uint64_t total_ = 0;
+};
+
 /// The least a verified save of the state must do, without ckpt's format: the same file as
 /// raw_write_direct, its space allocated first (fallocate), written in pieces of 1 MiB by `depth`
 /// threads at once (as many O_DIRECT writes in flight as ckpt's writer keeps), each piece copied
 /// from the tensors into the thread's aligned buffer and hashed with XXH3 in 256 KiB parts, as
 /// ckpt checksums chunks; the last partial block padded, the file then cut to size and fsync'd.
 inline void raw_write_verified(const state& s, const std::filesystem::path& file, unsigned depth) {
-  constexpr std::size_t piece = std::size_t{1} << 20, part = std::size_t{256} << 10;
-  std::vector<std::uint64_t> starts;  // each tensor's first byte in the file
-  std::uint64_t total = 0;
-  for (const auto& t : s.tensors) starts.push_back(std::exchange(total, total + t.size()));
+  const in_pieces layout(s);
+  const auto total = layout.total();
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
   if (fd < 0) die("open with O_DIRECT " + file.string());
-  const auto padded = (total + 4095) / 4096 * 4096;
-  if (::fallocate(fd, 0, 0, static_cast<off_t>(padded)) != 0) die("fallocate " + file.string());
-  const std::size_t pieces = (total + piece - 1) / piece;
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::uint64_t> sink{0};
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < depth; ++w)
-    pool.emplace_back([&] {
-      auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
-      std::uint64_t h = 0;
-      for (std::size_t k; (k = next++) < pieces;) {
-        const std::uint64_t from = k * piece, to = std::min<std::uint64_t>(from + piece, total);
-        auto t = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), from) - starts.begin() - 1);
-        for (std::uint64_t at = from; at < to; ++t) {  // copy from each tensor the piece holds
-          const auto n = std::min<std::uint64_t>(to, starts[t] + s.tensors[t].size()) - at;
-          std::memcpy(buf + (at - from), s.tensors[t].data() + (at - starts[t]), n);
-          at += n;
-        }
-        for (std::uint64_t at = 0; at < to - from; at += part)
-          h ^= ckpt::detail::xxh3(std::span<const std::byte>(buf + at, std::min<std::uint64_t>(part, to - from - at)));
-        const auto want = (to - from + 4095) / 4096 * 4096;
-        std::memset(buf + (to - from), 0, want - (to - from));
-        for (std::size_t done = 0; done < want;) {
-          const auto n = ::pwrite(fd, buf + done, want - done, static_cast<off_t>(from + done));
-          if (n <= 0) die("write " + file.string());
-          done += static_cast<std::size_t>(n);
-        }
-      }
-      sink += h;
-      ::operator delete(buf, std::align_val_t{4096});
+  if (::fallocate(fd, 0, 0, static_cast<off_t>((total + 4095) / 4096 * 4096)) != 0) die("fallocate " + file.string());
+  layout.run(std::size_t{1} << 20, depth, [&](std::uint64_t from, std::uint64_t to, std::byte* buf, auto& hash) {
+    layout.for_each_part(from, to, [&](std::size_t t, std::uint64_t in_tensor, std::uint64_t in_piece, std::uint64_t n) {
+      std::memcpy(buf + in_piece, s.tensors[t].data() + in_tensor, n);
     });
-  for (auto& p : pool) p.join();
+    hash(to - from);
+    const auto want = (to - from + 4095) / 4096 * 4096;
+    std::memset(buf + (to - from), 0, want - (to - from));
+    for (std::size_t done = 0; done < want;) {
+      const auto n = ::pwrite(fd, buf + done, want - done, static_cast<off_t>(from + done));
+      if (n <= 0) die("write " + file.string());
+      done += static_cast<std::size_t>(n);
+    }
+  });
   if (::ftruncate(fd, static_cast<off_t>(total)) != 0 || ::fsync(fd) != 0) die("fsync " + file.string());
   ::close(fd);
-  if (sink == 42) std::printf(" ");  // keeps the hashes
 }
 
 /// The file read back with O_DIRECT in 8 MiB pieces into an aligned buffer, copied into the
@@ -327,43 +359,22 @@ inline void raw_read_direct(state& s, const std::filesystem::path& file) {
 /// and hashed with XXH3 in 256 KiB parts, as ckpt verifies chunks. The copy is needed because
 /// O_DIRECT reads land only in aligned memory, and the workload's tensors are 64-byte aligned.
 inline void raw_read_verified(state& s, const std::filesystem::path& file, unsigned depth) {
-  constexpr std::size_t piece = std::size_t{4} << 20, part = std::size_t{256} << 10;
-  std::vector<std::uint64_t> starts;  // each tensor's first byte in the file
-  std::uint64_t total = 0;
-  for (const auto& t : s.tensors) starts.push_back(std::exchange(total, total + t.size()));
-  const std::size_t pieces = (total + piece - 1) / piece;
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::uint64_t> sink{0};
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < depth; ++w)
-    pool.emplace_back([&] {
-      const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
-      if (fd < 0) die("open with O_DIRECT " + file.string());
-      auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
-      std::uint64_t h = 0;
-      for (std::size_t k; (k = next++) < pieces;) {
-        const std::uint64_t from = k * piece, to = std::min<std::uint64_t>(from + piece, total);
-        const auto want = (to - from + 4095) / 4096 * 4096;
-        for (std::size_t got = 0; got < to - from;) {
-          const auto n = ::pread(fd, buf + got, want - got, static_cast<off_t>(from + got));
-          if (n <= 0) die("read " + file.string());
-          got += static_cast<std::size_t>(n);
-        }
-        auto t = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), from) - starts.begin() - 1);
-        for (std::uint64_t at = from; at < to; ++t) {  // copy into each tensor the piece holds
-          const auto n = std::min<std::uint64_t>(to, starts[t] + s.tensors[t].size()) - at;
-          std::memcpy(s.tensors[t].data() + (at - starts[t]), buf + (at - from), n);
-          at += n;
-        }
-        for (std::uint64_t at = 0; at < to - from; at += part)
-          h ^= ckpt::detail::xxh3(std::span<const std::byte>(buf + at, std::min<std::uint64_t>(part, to - from - at)));
-      }
-      sink += h;
-      ::operator delete(buf, std::align_val_t{4096});
-      ::close(fd);
+  const in_pieces layout(s);
+  const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);  // pread from several threads at once
+  if (fd < 0) die("open with O_DIRECT " + file.string());
+  layout.run(std::size_t{4} << 20, depth, [&](std::uint64_t from, std::uint64_t to, std::byte* buf, auto& hash) {
+    const auto want = (to - from + 4095) / 4096 * 4096;
+    for (std::size_t got = 0; got < to - from;) {
+      const auto n = ::pread(fd, buf + got, want - got, static_cast<off_t>(from + got));
+      if (n <= 0) die("read " + file.string());
+      got += static_cast<std::size_t>(n);
+    }
+    layout.for_each_part(from, to, [&](std::size_t t, std::uint64_t in_tensor, std::uint64_t in_piece, std::uint64_t n) {
+      std::memcpy(s.tensors[t].data() + in_tensor, buf + in_piece, n);
     });
-  for (auto& p : pool) p.join();
-  if (sink == 42) std::printf(" ");  // keeps the hashes
+    hash(to - from);
+  });
+  ::close(fd);
 }
 
 /// The limit for loads: the same file read back in order with read(2) into the state's buffers.

@@ -310,6 +310,9 @@ class posix {
     /// kernel refuses O_DIRECT into that memory (which ends reading in place, not O_DIRECT).
     bool read_in_place(std::uint64_t offset, std::span<std::byte> out) const;
 
+    /// The `corrupt` error for a file that ends at `ends_at`, short of the bytes [first, end) asked for.
+    error truncated(std::uint64_t first, std::uint64_t end, std::uint64_t ends_at) const;
+
     /// Reads `out` at `offset`, part of the caller's `wanted` bytes at `first` (for the message).
     void read_exactly(std::uint64_t offset, std::span<std::byte> out, std::uint64_t first, std::uint64_t wanted) const;
 

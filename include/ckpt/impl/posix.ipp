@@ -426,8 +426,7 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
     held_ = {at, at + got};
     const auto to = std::min<std::uint64_t>(at + want, end);
     if (at + got < to)
-      throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(offset) + ", " +
-                                           std::to_string(end) + "), the file ends at " + std::to_string(at + got));
+      throw truncated(offset, end, at + got);
     const auto from = std::max(at, offset);
     copy_out(from, out.subspan(from - offset, to - from));
     at += want;
@@ -452,11 +451,14 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
     if (n == 0 || got % direct_alignment != 0) break;  // the end of the file
   }
   if (got < whole)
-    throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(offset) + ", " +
-                                         std::to_string(offset + out.size()) + "), the file ends at " +
-                                         std::to_string(offset + got));
+    throw truncated(offset, offset + out.size(), offset + got);
   if (whole < out.size()) read_exactly(offset + whole, out.subspan(whole), offset, out.size());
   return true;
+}
+
+CKPT_DECL error posix::reader::truncated(std::uint64_t first, std::uint64_t end, std::uint64_t ends_at) const {
+  return error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(first) + ", " +
+                                        std::to_string(end) + "), the file ends at " + std::to_string(ends_at));
 }
 
 CKPT_DECL void posix::reader::copy_out(std::uint64_t offset, std::span<std::byte> out) const noexcept {
@@ -473,9 +475,7 @@ CKPT_DECL void posix::reader::read_exactly(std::uint64_t offset, std::span<std::
       throw detail::posix_error("read", path_.string(), err);
     }
     if (n == 0)
-      throw error(error_kind::corrupt, path_.string() + " is truncated: needed bytes [" + std::to_string(first) +
-                                           ", " + std::to_string(first + wanted) + "), the file ends at " +
-                                           std::to_string(offset + done));
+      throw truncated(first, first + wanted, offset + done);
     done += static_cast<std::size_t>(n);
   }
 }
