@@ -29,6 +29,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -47,6 +48,13 @@ std::atomic<bool> recording = false;
 std::atomic<bool> refuse_o_direct = false;  // reads and writes fail with EINVAL on O_DIRECT descriptors, as some file systems do
 std::mutex calls_mu;
 std::vector<call> calls;
+// The file space posix allocates ahead of its writes and cuts off after them, while recording.
+struct space_call {
+  bool truncate;  // ftruncate (to `length`); otherwise fallocate
+  std::string file;
+  std::uint64_t offset, length;
+};
+std::vector<space_call> space_calls;  // under calls_mu
 std::atomic<bool> slow_writes = false;         // O_DIRECT pwrites sleep 2 ms first
 std::atomic<int> in_flight = 0, most_in_flight = 0;  // O_DIRECT pwrites under way while slow_writes
 std::atomic<std::int64_t> fail_direct_write_at = -1;  // an O_DIRECT pwrite over this file position fails with EIO
@@ -63,6 +71,7 @@ std::vector<call> record(F&& f) {
   {
     std::lock_guard lock(calls_mu);
     calls.clear();
+    space_calls.clear();
   }
   recording = true;
   f();
@@ -151,6 +160,22 @@ std::atomic<int> mincore_calls = 0;
 extern "C" int mincore(void* address, size_t bytes, unsigned char* pages) {
   if (recording) ++mincore_calls;
   return static_cast<int>(::syscall(SYS_mincore, address, bytes, pages));
+}
+
+void note_space(int fd, bool truncate, std::uint64_t offset, std::uint64_t length) {
+  if (!recording) return;
+  char path[4096] = {};
+  const auto n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), path, sizeof path - 1);
+  std::lock_guard lock(calls_mu);
+  space_calls.push_back({truncate, n > 0 ? std::string(path, static_cast<std::size_t>(n)) : std::string(), offset, length});
+}
+extern "C" int fallocate(int fd, int mode, off_t offset, off_t length) {
+  note_space(fd, false, static_cast<std::uint64_t>(offset), static_cast<std::uint64_t>(length));
+  return static_cast<int>(::syscall(SYS_fallocate, fd, mode, offset, length));
+}
+extern "C" int ftruncate(int fd, off_t length) {
+  note_space(fd, true, 0, static_cast<std::uint64_t>(length));
+  return static_cast<int>(::syscall(SYS_ftruncate, fd, length));
 }
 
 extern "C" ssize_t write(int fd, const void* buffer, size_t bytes) {
@@ -871,4 +896,119 @@ TEST_CASE("a load from the disk reads small tensors saved one after another as r
   CHECK(direct >= 1);
   CHECK(direct <= 2);  // 300 x 8 KiB in one run of 2.4 MiB (two if a read was split)
   CHECK(test::resident_pages(shard) < 64);  // header, index and footer with the kernel's readahead
+}
+
+TEST_CASE("a posix writer told the file's size allocates it once and has nothing to cut off") {
+  // ext4 waits for the O_DIRECT writes in flight before each fallocate, and cutting off space
+  // allocated past the end can take a large share of a save: a reserved file needs neither.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  ckpt::posix disk(dir.path());
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const std::size_t size = 9 * mib + 3 * 4096 + 100;
+  std::vector<std::byte> src(size);
+  std::mt19937 rng(21);
+  test::fill_bytes(src, rng);
+  const auto write_reserved = [&](const char* name, std::uint64_t reserved) {
+    auto w = disk.create(name);
+    const auto got = record([&] {
+      w.reserve(reserved);
+      w.write(std::span(src).first(5000));
+      w.write(std::span(src).subspan(5000));
+      w.sync();
+    });
+    w.publish();
+    const auto file = test::file_bytes(dir.path() / name);
+    REQUIRE(file.size() == size);
+    CHECK(std::memcmp(file.data(), src.data(), size) == 0);
+    std::lock_guard lock(calls_mu);
+    return space_calls;
+  };
+  SUBCASE("reserved exactly: one allocation, of the whole file, and no cut") {
+    const auto got = write_reserved("exact", size);
+    REQUIRE(got.size() == 1);
+    CHECK_FALSE(got[0].truncate);
+    CHECK(got[0].offset == 0);
+    CHECK(got[0].length == size);
+  }
+  SUBCASE("reserved too much: what was not written is cut off") {
+    const auto got = write_reserved("more", size + 5 * mib);
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].length == size + 5 * mib);
+    CHECK(got[1].truncate);
+    CHECK(got[1].length == size);
+  }
+  SUBCASE("reserved too little: allocated ahead beyond it as the writes go") {
+    const auto got = write_reserved("less", 2 * mib);
+    REQUIRE(got.size() >= 2);
+    CHECK(got[0].length == 2 * mib);
+    CHECK(got[1].offset == 2 * mib);
+  }
+  SUBCASE("without O_DIRECT, nothing is allocated") {
+    ckpt::posix buffered(dir.path(), {.direct_writes = false});
+    auto w = buffered.create("buffered");
+    const auto got = record([&] {
+      w.reserve(size);
+      w.write(src);
+      w.sync();
+    });
+    w.publish();
+    std::lock_guard lock(calls_mu);
+    CHECK(space_calls.empty());
+    CHECK(test::file_bytes(dir.path() / "buffered").size() == size);
+  }
+}
+
+namespace {
+struct raw_and_small {
+  placed_tensor big{(std::size_t{6} << 20) + 2052, 64};  // two chunks, the second not whole blocks
+  std::vector<float> small = std::vector<float>(300);      // packed after it
+  std::uint64_t step = 7;
+  template <class V>
+  void checkpoint(V& v) {
+    big.checkpoint(v);
+    v.tensor("small", small);
+    v.value("step", step);
+  }
+};
+}  // namespace
+
+TEST_CASE("a save of raw chunks allocates its shard file once, up to its footer index, and cuts nothing off") {
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  raw_and_small saved;
+  std::mt19937 rng(22);
+  test::fill_bytes(std::span<std::byte>(saved.big.data, saved.big.bytes), rng);
+  test::fill_random(saved.small, 23);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  record([&] { cp.save(1, saved); });
+  std::vector<space_call> got;
+  {
+    std::lock_guard lock(calls_mu);
+    got = space_calls;
+  }
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  const auto file = test::file_bytes(shard);
+  REQUIRE(file.size() > ckpt::detail::trailer_bytes);
+  const auto trailer = ckpt::detail::check_trailer(
+      std::span<const std::byte, ckpt::detail::trailer_bytes>(
+          reinterpret_cast<const std::byte*>(file.data()) + file.size() - ckpt::detail::trailer_bytes,
+          ckpt::detail::trailer_bytes),
+      file.size(), shard.string());
+  // The shard file's one allocation covers header, chunks and values: the footer index and
+  // trailer, written last, extend it.
+  std::vector<space_call> on_shard;
+  for (const auto& c : got)
+    if (c.file.find("model_optim_rng.ckpt") != std::string::npos) on_shard.push_back(c);
+  REQUIRE(on_shard.size() == 1);
+  CHECK_FALSE(on_shard[0].truncate);
+  CHECK(on_shard[0].offset == 0);
+  CHECK(on_shard[0].length == trailer.index_offset);
+  for (const auto& c : got) CHECK_FALSE(c.truncate);  // no file had space to cut off
+  raw_and_small back;
+  back.step = 0;
+  cp.load(back);
+  CHECK(std::equal(back.big.data, back.big.data + back.big.bytes, saved.big.data));
+  CHECK(back.small == saved.small);
+  CHECK(back.step == 7);
 }

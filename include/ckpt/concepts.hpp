@@ -151,6 +151,12 @@ namespace detail {
 template <class S>
 concept concurrent_reads = requires { requires S::concurrent_reads; };
 
+/// A writer (what `create` returns) that can allocate a file's space ahead offers
+/// `reserve(bytes)`: the file will hold at least `bytes`. Saves call it before the first write
+/// when they know the size (raw chunks); posix with O_DIRECT allocates the space in one step.
+template <class W>
+concept reserves_space = requires(W& w, std::uint64_t bytes) { w.reserve(bytes); };
+
 /// A Storage that can tell two writers to one root apart offers `lock_writer(bool wait)`: it
 /// returns a movable guard that holds the root's writer lock until destroyed, or throws a
 /// `busy` error (or, with `wait`, blocks) while another holder has it.

@@ -101,6 +101,19 @@ class posix {
     /// make a system call per chunk, and ext4 zeroes the rest of a new page-cache folio on
     /// every small write into it (a fifth of the time of saving 10 000 tensors of 1 KiB).
     void write(std::span<const std::byte> bytes);
+    /// Says that the file will hold at least `bytes` bytes (concepts.hpp, reserves_space): with
+    /// O_DIRECT, the space is allocated now, in one step, instead of ahead of the writes as they
+    /// go. ext4 waits for the writes in flight before each allocation, and cutting off what was
+    /// allocated past the end took up to a third of a second of a 1 GiB save on this project's
+    /// VM; a file written to its reserved size needs neither. Otherwise nothing.
+    ///
+    /// @code
+    /// auto w = storage.create("global_step5/model_00.ckpt");
+    /// w.reserve(header.size() + tensor_bytes.size());
+    /// w.write(header);
+    /// w.write(tensor_bytes);
+    /// @endcode
+    void reserve(std::uint64_t bytes);
     /// Makes the bytes durable under the temporary name.
     void sync();
     /// Renames the file to its final name and makes the rename durable.
@@ -122,7 +135,7 @@ class posix {
     /// File space is allocated ahead of the writes (fallocate) in steps of a quarter of the file
     /// so far, at least the writes in flight and at most this: ext4 runs O_DIRECT writes at once
     /// only where they overwrite allocated blocks, and serialises the ones that extend the file.
-    /// What is allocated past the end is cut off by sync.
+    /// What is allocated past the end is cut off by sync. A reserve()d file is allocated once.
     static constexpr std::uint64_t most_allocated_ahead = std::uint64_t{1} << 30;
 
     detail::write_queue& queue();

@@ -150,6 +150,17 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(most_staged), device);  // borrowed once, here
 
   auto w = storage.create(join_key(tag, path));
+  if constexpr (reserves_space<decltype(w)>) {
+    // Raw chunks have known sizes: the file up to its footer index is known before the first
+    // write, laid out as the appending stage below lays it out.
+    if (std::all_of(jobs.begin(), jobs.end(), [](const chunk_job& j) { return j.codec == 0; })) {
+      std::uint64_t end = header_bytes;
+      for (const auto& j : jobs) end = (j.slice.bytes >= packed_below ? align_up(end) : end) + j.slice.bytes;
+      end = align_up(end);
+      for (const auto& v : values) end += v.bytes.size();
+      w.reserve(end);
+    }
+  }
   {
     auto header = make_header();
     std::array<std::byte, header_bytes> block{};

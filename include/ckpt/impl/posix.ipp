@@ -155,6 +155,17 @@ CKPT_DECL std::size_t posix::writer::write_in_place(std::span<const std::byte> b
   return at;
 }
 
+CKPT_DECL void posix::writer::reserve(std::uint64_t bytes) {
+  // Exactly `bytes`, not rounded up to a block: a file that ends where it was reserved has
+  // nothing past its end to cut off.
+  if (!direct_ || !preallocate_ || bytes <= allocated_) return;
+  if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(bytes - allocated_)) != 0) {
+    preallocate_ = false;
+    return;
+  }
+  allocated_ = bytes;
+}
+
 CKPT_DECL void posix::writer::allocate(std::uint64_t end) {
   if (!preallocate_ || end <= allocated_ || depth_ < 2) return;
   const auto in_flight = std::min(std::uint64_t{depth_} * direct_buffer_bytes, most_allocated_ahead);
