@@ -122,10 +122,21 @@ CKPT_DECL detail::write_queue& posix::writer::queue() {
 
 CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes) {
   while (!bytes.empty() && direct_) {
-    if (filled_ == 0 && reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 &&
-        bytes.size() >= direct_alignment) {
-      bytes = bytes.subspan(write_in_place(bytes.first(bytes.size() / direct_alignment * direct_alignment)));
-      continue;
+    if (reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 && bytes.size() >= direct_alignment) {
+      if (filled_ == 0) {
+        bytes = bytes.subspan(write_in_place(bytes.first(bytes.size() / direct_alignment * direct_alignment)));
+        continue;
+      }
+      // Aligned bytes after whole blocks in the buffer (a chunk after the padded tail of the one
+      // before): the buffer goes out as a shorter write, so that the bytes need no copy.
+      if (filled_ % direct_alignment == 0 && bytes.size() >= direct_buffer_bytes) {
+        allocate(position_ + filled_);
+        queue().submit({block_, filled_}, position_, block_);
+        block_ = nullptr;
+        position_ += std::exchange(filled_, 0);
+        if (queue().refused()) stop_direct();
+        continue;
+      }
     }
     if (block_ == nullptr) block_ = queue().acquire();
     const auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
