@@ -169,8 +169,14 @@ void note_space(int fd, bool truncate, std::uint64_t offset, std::uint64_t lengt
   std::lock_guard lock(calls_mu);
   space_calls.push_back({truncate, n > 0 ? std::string(path, static_cast<std::size_t>(n)) : std::string(), offset, length});
 }
+std::atomic<bool> fallocate_runs_out = false;  // fallocate allocates half of what it is asked for, then fails with ENOSPC
 extern "C" int fallocate(int fd, int mode, off_t offset, off_t length) {
   note_space(fd, false, static_cast<std::uint64_t>(offset), static_cast<std::uint64_t>(length));
+  if (fallocate_runs_out) {
+    ::syscall(SYS_fallocate, fd, mode, offset, length / 2);
+    errno = ENOSPC;
+    return -1;
+  }
   return static_cast<int>(::syscall(SYS_fallocate, fd, mode, offset, length));
 }
 extern "C" int ftruncate(int fd, off_t length) {
@@ -981,6 +987,21 @@ TEST_CASE("a posix writer told the file's size allocates it once and has nothing
     REQUIRE(got.size() >= 2);
     CHECK(got[0].length == 2 * mib);
     CHECK(got[1].offset == 2 * mib);
+  }
+  SUBCASE("a reservation that fails part-way leaves nothing past the end either") {
+    // fallocate may allocate part of the range, and move the file's end, before it fails.
+    struct running_out {
+      running_out() { fallocate_runs_out = true; }
+      ~running_out() { fallocate_runs_out = false; }
+    };
+    std::vector<space_call> got;
+    {
+      running_out guard;
+      got = write_reserved("failed", 4 * size);  // half of it: twice the file's size
+    }
+    REQUIRE_FALSE(got.empty());
+    CHECK(got.back().truncate);
+    CHECK(got.back().length == size);
   }
   SUBCASE("without O_DIRECT, nothing is allocated") {
     ckpt::posix buffered(dir.path(), {.direct_writes = false});

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -103,9 +104,9 @@ class posix {
     void write(std::span<const std::byte> bytes);
     /// Says that the file will hold at least `bytes` bytes (concepts.hpp, reserves_space): with
     /// O_DIRECT, the space is allocated now, in one step, instead of ahead of the writes as they
-    /// go. ext4 waits for the writes in flight before each allocation, and cutting off what was
-    /// allocated past the end took up to a third of a second of a 1 GiB save on this project's
-    /// VM; a file written to its reserved size needs neither. Otherwise nothing.
+    /// go: ext4 waits for the writes in flight before each allocation, and a file written to its
+    /// reserved size has nothing past its end to cut off (docs/performance.md, "Saves waited for
+    /// their own file space"). Otherwise nothing.
     ///
     /// @code
     /// auto w = storage.create("global_step5/model_00.ckpt");
@@ -151,6 +152,8 @@ class posix {
     /// allocated blocks (see most_allocated_ahead). Where the file system cannot (no fallocate, or no
     /// room for the step ahead), the writes extend the file as they go, one at a time.
     void allocate(std::uint64_t end);
+    /// fallocate from allocated_ up to `until`; on failure, stops allocating ahead.
+    void allocate_to(std::uint64_t until);
     /// Cuts off the space allocate() reserved past the last byte written.
     void trim();
     /// Waits for the writes in flight, then clears O_DIRECT on the descriptor: what is written

@@ -169,24 +169,25 @@ CKPT_DECL std::size_t posix::writer::write_in_place(std::span<const std::byte> b
 CKPT_DECL void posix::writer::reserve(std::uint64_t bytes) {
   // Exactly `bytes`, not rounded up to a block: a file that ends where it was reserved has
   // nothing past its end to cut off.
-  if (!direct_ || !preallocate_ || bytes <= allocated_) return;
-  if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(bytes - allocated_)) != 0) {
-    preallocate_ = false;
+  if (direct_ && preallocate_ && bytes > allocated_) allocate_to(bytes);
+}
+
+CKPT_DECL void posix::writer::allocate_to(std::uint64_t until) {
+  if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(until - allocated_)) == 0) {
+    allocated_ = until;
     return;
   }
-  allocated_ = bytes;
+  // A failed fallocate (no room, or none on this file system) may still have allocated part of
+  // the range and moved the file's end: sync cuts the file back to what was written.
+  preallocate_ = false;
+  allocated_ = std::numeric_limits<std::uint64_t>::max();
 }
 
 CKPT_DECL void posix::writer::allocate(std::uint64_t end) {
   if (!preallocate_ || end <= allocated_ || depth_ < 2) return;
   const auto in_flight = std::min(std::uint64_t{depth_} * direct_buffer_bytes, most_allocated_ahead);
   const auto step = std::clamp(end / 4, in_flight, most_allocated_ahead);
-  const auto until = (end + step + direct_alignment - 1) / direct_alignment * direct_alignment;
-  if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(until - allocated_)) != 0) {
-    preallocate_ = false;
-    return;
-  }
-  allocated_ = until;
+  allocate_to((end + step + direct_alignment - 1) / direct_alignment * direct_alignment);
 }
 
 CKPT_DECL void posix::writer::trim() {
