@@ -144,6 +144,9 @@ class posix {
     /// Appends through the O_DIRECT buffers, handing each to the write queue as it fills. A
     /// caller's buffer that is itself aligned (pinned staging memory is) is written from in place.
     void write_direct(std::span<const std::byte> bytes);
+    /// Hands the buffer being filled (whole blocks) to the write queue, which gives it back once
+    /// written.
+    void submit_buffer();
     /// Writes whole blocks of the caller's from where they are, several at once, and waits for
     /// them: the caller may reuse its buffer when write() returns. Returns how many bytes it
     /// wrote: fewer when the file system refused O_DIRECT, which ends direct writing.

@@ -51,6 +51,9 @@ inline constexpr std::uint64_t header_used = 24;         // magic, version, flag
 inline constexpr std::uint64_t trailer_bytes = 40;
 
 inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }
+/// Where a chunk stored in `bytes` bytes starts in a version-2 file whose chunks so far end at
+/// `end`: on the next 4 KiB boundary, or at once if it is packed (see packed_below).
+inline std::uint64_t chunk_start(std::uint64_t end, std::uint64_t bytes) { return bytes >= packed_below ? align_up(end) : end; }
 
 /// One tensor's chunks in one file (footer index) or in the whole tag (chunk_map.bin).
 struct tensor_group {

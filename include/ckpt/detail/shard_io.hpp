@@ -155,7 +155,7 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     // write, laid out as the appending stage below lays it out.
     if (std::all_of(jobs.begin(), jobs.end(), [](const chunk_job& j) { return j.codec == 0; })) {
       std::uint64_t end = header_bytes;
-      for (const auto& j : jobs) end = (j.slice.bytes >= packed_below ? align_up(end) : end) + j.slice.bytes;
+      for (const auto& j : jobs) end = chunk_start(end, j.slice.bytes) + j.slice.bytes;
       end = align_up(end);
       for (const auto& v : values) end += v.bytes.size();
       w.reserve(end);
@@ -168,8 +168,8 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     w.write(block);
   }
   std::uint64_t pos = header_bytes;
-  const auto pad = [&] {  // zeros up to the next 4 KiB boundary
-    if (const auto n = align_up(pos) - pos; n) {
+  const auto pad_to = [&](std::uint64_t to) {  // zeros up to `to` (a 4 KiB boundary at most ahead)
+    if (const auto n = to - pos; n) {
       w.write(std::span<const std::byte>(zeros.data(), n));
       pos += n;
     }
@@ -239,14 +239,14 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
           const auto base = tensors[j.tensor].ref.global_offset();
           global_offset.resize(base.size());
           for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
-          if (stored.size() >= packed_below) pad();  // smaller chunks follow the one before at once
+          pad_to(chunk_start(pos, stored.size()));  // smaller chunks follow the one before at once
           out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, stored.size(),
                                                   sl.hash[k - it.first]);
           w.write(stored);
           pos += stored.size();
         }
       });
-  pad();  // the chunk area ends on a block boundary
+  pad_to(align_up(pos));  // the chunk area ends on a block boundary
   for (const auto& v : values) {
     out.index.values.push_back({v.name, v.rank, pos, v.bytes.size(), xxh3(v.bytes)});
     w.write(v.bytes);

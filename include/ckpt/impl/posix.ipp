@@ -130,11 +130,7 @@ CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes) {
       // Aligned bytes after whole blocks in the buffer (a chunk after the padded tail of the one
       // before): the buffer goes out as a shorter write, so that the bytes need no copy.
       if (filled_ % direct_alignment == 0 && bytes.size() >= direct_buffer_bytes) {
-        allocate(position_ + filled_);
-        queue().submit({block_, filled_}, position_, block_);
-        block_ = nullptr;
-        position_ += std::exchange(filled_, 0);
-        if (queue().refused()) stop_direct();
+        submit_buffer();
         continue;
       }
     }
@@ -143,15 +139,17 @@ CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes) {
     std::memcpy(block_ + filled_, bytes.data(), n);
     filled_ += n;
     bytes = bytes.subspan(n);
-    if (filled_ == direct_buffer_bytes) {
-      allocate(position_ + filled_);
-      auto* full = std::exchange(block_, nullptr);
-      queue().submit({full, filled_}, position_, full);
-      position_ += std::exchange(filled_, 0);
-      if (queue().refused()) stop_direct();
-    }
+    if (filled_ == direct_buffer_bytes) submit_buffer();
   }
   if (!bytes.empty()) write(bytes);  // the file system refused O_DIRECT: through the page cache
+}
+
+CKPT_DECL void posix::writer::submit_buffer() {
+  allocate(position_ + filled_);
+  auto* full = std::exchange(block_, nullptr);
+  queue().submit({full, filled_}, position_, full);
+  position_ += std::exchange(filled_, 0);
+  if (queue().refused()) stop_direct();
 }
 
 CKPT_DECL std::size_t posix::writer::write_in_place(std::span<const std::byte> blocks) {
