@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <new>
 #include <random>
@@ -33,6 +34,14 @@ namespace test {
 
 /// Whether an error message (or any text) mentions `what`.
 inline bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+/// Makes `t` (a chunk or region table) hold the chunks whose offsets and shapes, `ndim` of each
+/// per chunk, are `coords`: a table's columns are sized with the table, not one by one.
+template <class Table>
+void set_coords(Table& t, std::initializer_list<std::uint64_t> coords) {
+  t.resize(t.ndim ? coords.size() / (2 * t.ndim) : 0);
+  std::copy(coords.begin(), coords.end(), t.coords.begin());
+}
 
 
 /// A fresh directory under /tmp, removed with its contents at scope exit.

@@ -206,6 +206,91 @@ TEST_CASE("the footer index round-trips and rejects hostile counts without alloc
   CHECK_THROWS_AS(decode_index(std::as_bytes(std::span(longer.data(), longer.size())), "f"), ckpt::error);
 }
 
+TEST_CASE("a chunk table keeps its columns through growth, copies and moves, inside itself or on the heap") {
+  // A model of the table: one vector per column. Random pushes, appends (of itself too),
+  // shrinks, copies and moves must leave the table holding exactly what the model holds, from
+  // one chunk of a small tensor (inside the table) to thousands (on the heap).
+  struct model {
+    std::vector<std::uint32_t> file;
+    std::vector<std::uint64_t> coords, file_offset, stored_size, xxh3;
+    std::vector<std::uint8_t> codec;
+  };
+  const auto same = [](const chunk_table& t, const model& m) {
+    REQUIRE(t.size() == m.codec.size());
+    REQUIRE(t.coords.size() == m.coords.size());
+    CHECK(std::equal(t.file.begin(), t.file.end(), m.file.begin()));
+    CHECK(std::equal(t.coords.begin(), t.coords.end(), m.coords.begin()));
+    CHECK(std::equal(t.codec.begin(), t.codec.end(), m.codec.begin()));
+    CHECK(std::equal(t.file_offset.begin(), t.file_offset.end(), m.file_offset.begin()));
+    CHECK(std::equal(t.stored_size.begin(), t.stored_size.end(), m.stored_size.begin()));
+    CHECK(std::equal(t.xxh3.begin(), t.xxh3.end(), m.xxh3.begin()));
+  };
+  std::mt19937_64 rng(7);
+  for (std::uint32_t nd = 0; nd <= 4; ++nd) {
+    chunk_table t;
+    t.ndim = nd;
+    model m;
+    for (int step = 0; step < 400; ++step) {
+      const auto op = rng() % 10;
+      if (op < 6) {  // push one chunk
+        std::vector<std::uint64_t> off(nd), shp(nd);
+        for (auto& x : off) x = rng();
+        for (auto& x : shp) x = rng();
+        const auto f = static_cast<std::uint32_t>(rng());
+        const std::uint64_t at = rng(), size = rng(), hash = rng();
+        const auto c = static_cast<std::uint8_t>(rng());
+        t.push(f, off, shp, c, at, size, hash);
+        m.file.push_back(f);
+        m.coords.insert(m.coords.end(), off.begin(), off.end());
+        m.coords.insert(m.coords.end(), shp.begin(), shp.end());
+        m.codec.push_back(c);
+        m.file_offset.push_back(at);
+        m.stored_size.push_back(size);
+        m.xxh3.push_back(hash);
+      } else if (op == 6 && t.size() < 2000) {  // append itself, in file 3
+        t.append(t, 3);
+        const auto n = m.codec.size();
+        m.file.insert(m.file.end(), n, 3);
+        for (auto* v : {&m.coords, &m.file_offset, &m.stored_size, &m.xxh3}) v->insert(v->end(), v->begin(), v->end());
+        m.codec.insert(m.codec.end(), m.codec.begin(), m.codec.end());
+      } else if (op == 7) {  // shrink
+        const auto n = t.size() ? rng() % t.size() : 0;
+        t.resize(n);
+        m.file.resize(n), m.coords.resize(n * 2 * nd), m.codec.resize(n), m.file_offset.resize(n), m.stored_size.resize(n),
+            m.xxh3.resize(n);
+      } else if (op == 8) {  // a copy, then a move back and forth, each holding the same
+        chunk_table copy = t;
+        same(copy, m);
+        CHECK(copy.coords == t.coords);
+        chunk_table moved = std::move(copy);
+        same(moved, m);
+        CHECK(copy.size() == 0);
+        t = std::move(moved);
+        t = static_cast<const chunk_table&>(t);  // self-assignment keeps it
+      } else {
+        t.clear();
+        m = {};
+      }
+      same(t, m);
+    }
+  }
+  // A region table the same way: its pieces inside it while they fit, its copies equal.
+  region_table r;
+  r.ndim = 2;
+  const std::uint64_t a[2] = {1, 2}, b[2] = {3, 4};
+  r.push(5, a, b);
+  region_table s = r;
+  CHECK(s.coords == r.coords);
+  r.append(r, 6);
+  CHECK(r.size() == 2);
+  CHECK(r.file[1] == 6);
+  CHECK(std::vector<std::uint64_t>(r.coords.begin(), r.coords.end()) == std::vector<std::uint64_t>{1, 2, 3, 4, 1, 2, 3, 4});
+  CHECK(s.coords != r.coords);
+  s = std::move(r);
+  CHECK(s.size() == 2);
+  CHECK(r.size() == 0);
+}
+
 TEST_CASE("chunk columns are packed to the bytes their largest value needs, and read back exactly") {
   shard_index idx;
   auto& g = idx.tensors.emplace_back();

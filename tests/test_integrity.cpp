@@ -156,7 +156,7 @@ TEST_CASE("a corrupt chunk names the file and the tensor") {
   const auto md = test::read_metadata(f.mem, "global_step5");
   std::uint64_t at = 0;
   for (const auto& t : md.tensors)
-    if (t.name == "cube") at = t.chunks.file_offset.at(0);
+    if (t.name == "cube") at = t.chunks.size() ? t.chunks.file_offset[0] : 0;
   REQUIRE(at >= 4096);
   f.mem.bytes(shard)[at + 3] ^= std::byte{0xff};
   every_dtype_state x;
@@ -193,7 +193,7 @@ TEST_CASE("a metadata.json with a valid checksum but hostile contents is rejecte
           auto& t = find(md, "f64");
           t.shape = {std::uint64_t{1} << 40, std::uint64_t{1} << 40};
           t.chunks.ndim = 2;
-          t.chunks.coords = {0, 0, 1, 37};
+          test::set_coords(t.chunks, {0, 0, 1, 37});
         }).find("overflows") != std::string::npos);
   CHECK(rewrite([&](auto& md) { find(md, "f64").chunks.file[0] = 7; }).find("file #7") != std::string::npos);
   CHECK(rewrite([&](auto& md) { md.files[0].path = "../../etc/passwd"; }).find("invalid storage key") != std::string::npos);

@@ -171,7 +171,7 @@ TEST_CASE("layouts: a hostile version-2 chunk map is refused as corrupt, naming 
                          md.tensors[0].shape = {std::uint64_t{1} << 40, 6};
                          md.tensors[0].chunk_count = 0;
                          l.block = {1, 6};
-                         l.pieces.coords = {0, 0, 1, 6};
+                         test::set_coords(l.pieces, {0, 0, 1, 6});
                          l.runs = {{std::uint64_t{1} << 40, 0, 0}};
                        }),
                        "more than its 1048576 bytes could list"));
@@ -228,7 +228,7 @@ TEST_CASE("layouts: a load checks a file's footer against the layout, and counts
   // footer (one chunk) can refuse it, before eight are listed.
   auto e = load_with([](d::chunk_layout& l, d::tensor_meta& t) {
     l.block = {1, 6};
-    l.pieces.coords = {0, 0, 1, 6};
+    test::set_coords(l.pieces, {0, 0, 1, 6});
     l.runs.assign(8, d::file_run{1, 0, 0});
     t.chunk_count = 8;
   });
@@ -237,8 +237,7 @@ TEST_CASE("layouts: a load checks a file's footer against the layout, and counts
   // The cell cut in two pieces the footer does not have.
   e = load_with([](d::chunk_layout& l, d::tensor_meta& t) {
     l.block = {8, 6};
-    l.pieces.resize(2);
-    l.pieces.coords = {0, 0, 8, 3, 0, 3, 8, 3};
+    test::set_coords(l.pieces, {0, 0, 8, 3, 0, 3, 8, 3});
     l.runs = {{1, 0, 0}};
     t.chunk_count = 2;
   });
