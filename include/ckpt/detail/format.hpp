@@ -327,10 +327,9 @@ inline std::uint64_t table_bytes(const chunk_table& t) { return table_widths::by
 /// the column widths, each packed column, the xxh3 column. The one place that fixes the order
 /// of the columns on disk; bounded_reader::table reads them back.
 template <class Put>
-void emit_table(const chunk_table& t, Put&& put) {
+void emit_table(const chunk_table& t, const table_widths::column_widths& widths, Put&& put) {
   const std::uint64_t n = t.size();
   const std::size_t nd = t.ndim;
-  const auto widths = table_widths::of(t);
   put(&n, 8);
   put(widths.data(), widths.size());
   std::size_t c = 0;
@@ -358,6 +357,12 @@ void emit_table(const chunk_table& t, Put&& put) {
   put(t.xxh3.data(), n * 8);
 }
 
+/// emit_table with the widths of `t`'s columns.
+template <class Put>
+void emit_table(const chunk_table& t, Put&& put) {
+  emit_table(t, table_widths::of(t), put);
+}
+
 /// Lays down a chunk table at `p` (table_bytes(t) of room) and returns the end.
 inline std::byte* put_table(std::byte* p, const chunk_table& t) {
   emit_table(t, [&](const void* src, std::size_t n) {
@@ -365,12 +370,6 @@ inline std::byte* put_table(std::byte* p, const chunk_table& t) {
     p += n;
   });
   return p;
-}
-
-inline void write_table(cereal::PortableBinaryOutputArchive& ar, const chunk_table& t) {
-  std::vector<std::byte> bytes(table_bytes(t));
-  put_table(bytes.data(), t);
-  ar(cereal::binary_data(bytes.data(), bytes.size()));
 }
 
 /// Encodes an index as cereal portable binary (layout in docs/format.md).

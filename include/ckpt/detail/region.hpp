@@ -106,6 +106,8 @@ struct chunk_slice {
 /// Splits a tensor into contiguous chunks of about `target` bytes: along the outermost
 /// dimension whose one-index step fits the target, with all outer dimensions fixed.
 CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target);
+/// split_into_chunks, appending to `out`.
+CKPT_DECL void split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target, std::vector<chunk_slice>& out);
 
 /// How a save cuts a tensor into chunks (checkpointer_options::chunk_bytes and
 /// reshard_blocks).
@@ -131,6 +133,9 @@ inline constexpr std::uint64_t min_reshard_block_bytes = std::uint64_t{64} << 10
 /// at most about `how.chunk_bytes`. The chunks tile the slice, in row-major order of blocks.
 CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem,
                                              const chunking& how);
+/// chunks_of, appending to `out`: a save of many tensors reuses one vector for all of them.
+CKPT_DECL void chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem, const chunking& how,
+                         std::vector<chunk_slice>& out);
 
 /// True when a box of shape `box` in a row-major tensor of shape `shape` is one byte range: no
 /// dimension cuts it short after one it spans more than one index of.

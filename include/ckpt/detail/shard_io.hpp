@@ -92,7 +92,9 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   auto cut = settings.chunks;
   cut.boxes = in_place;
   std::vector<chunk_job> jobs;
+  std::vector<chunk_slice> slices;  // one tensor's, its memory reused for the next
   std::uint64_t largest = 0;
+  out.index.tensors.reserve(tensors.size());
   for (std::size_t ti = 0; ti < tensors.size(); ++ti) {
     const auto& t = tensors[ti];
     auto& group = out.index.tensors.emplace_back();
@@ -102,7 +104,9 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
     group.order = t.ref.order();
     group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
     const auto id = codec_id_for(codec, t.ref);
-    for (auto& c : chunks_of(t.ref.shape(), t.ref.global_shape(), size_of(t.ref.type()), cut)) {
+    slices.clear();
+    chunks_of(t.ref.shape(), t.ref.global_shape(), size_of(t.ref.type()), cut, slices);
+    for (auto& c : slices) {
       largest = std::max(largest, c.bytes);
       jobs.push_back({ti, std::move(c), id});
     }

@@ -3,29 +3,59 @@
 // Header-only builds include this at the end of detail/format.hpp; CKPT_SEPARATE_COMPILATION builds
 // compile it once, in the translation unit that includes ckpt/impl/src.hpp.
 
-#include <sstream>
+#include <bit>
+#include <cassert>
 
 namespace ckpt::detail {
 
 CKPT_DECL std::string encode_index(const shard_index& idx) {
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(format_version, idx.rank);
-    ar(static_cast<std::uint64_t>(idx.tensors.size()));
-    for (const auto& g : idx.tensors) {
-      write_string(ar, g.name);
-      ar(dtype_byte(g.type, g.order));
-      write_shape(ar, g.global_shape);
-      write_table(ar, g.chunks);
-    }
-    ar(static_cast<std::uint64_t>(idx.values.size()));
-    for (const auto& v : idx.values) {
-      write_string(ar, v.name);
-      ar(v.rank, v.file_offset, v.size, v.xxh3);
-    }
+  // cereal's PortableBinary layout (what bounded_reader reads: the byte-order flag, then
+  // little-endian fields), written straight into a string of its exact size: through cereal's
+  // stream, an index of 100,000 tensors cost a stream call per field and a buffer per table.
+  static_assert(std::endian::native == std::endian::little, "shard indexes are written in the machine's byte order, flagged 1");
+  std::vector<table_widths::column_widths> widths;
+  widths.reserve(idx.tensors.size());
+  std::size_t n = 1 + 4 + 4 + 8 + 8;
+  for (const auto& g : idx.tensors) {
+    widths.push_back(table_widths::of(g.chunks));
+    n += 8 + g.name.size() + 1 + 8 + 8 * g.global_shape.size() + table_widths::bytes(widths.back(), g.chunks.size());
   }
-  return std::move(os).str();
+  for (const auto& v : idx.values) n += 8 + v.name.size() + 4 + 3 * 8;
+  std::string out(n, '\0');
+  auto* p = reinterpret_cast<std::byte*>(out.data());
+  const auto put = [&](const void* src, std::size_t k) {
+    if (k) std::memcpy(p, src, k);
+    p += k;
+  };
+  const auto u64 = [&](std::uint64_t v) { put(&v, 8); };
+  const auto str = [&](const std::string& v) {
+    u64(v.size());
+    put(v.data(), v.size());
+  };
+  const std::uint8_t flag = 1;
+  put(&flag, 1);
+  put(&format_version, 4);
+  put(&idx.rank, 4);
+  u64(idx.tensors.size());
+  for (std::size_t i = 0; i < idx.tensors.size(); ++i) {
+    const auto& g = idx.tensors[i];
+    str(g.name);
+    const auto type = dtype_byte(g.type, g.order);
+    put(&type, 1);
+    u64(g.global_shape.size());
+    put(g.global_shape.data(), 8 * g.global_shape.size());
+    emit_table(g.chunks, widths[i], put);
+  }
+  u64(idx.values.size());
+  for (const auto& v : idx.values) {
+    str(v.name);
+    put(&v.rank, 4);
+    u64(v.file_offset);
+    u64(v.size);
+    u64(v.xxh3);
+  }
+  assert(p == reinterpret_cast<std::byte*>(out.data()) + out.size());  // the sizes above are what was written
+  return out;
 }
 
 CKPT_DECL shard_index decode_index(std::span<const std::byte> bytes, const std::string& file) {

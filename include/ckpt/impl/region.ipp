@@ -6,16 +6,16 @@
 
 namespace ckpt::detail {
 
-CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target) {
+CKPT_DECL void split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target, std::vector<chunk_slice>& out) {
   const std::size_t n = shape.size();
   std::uint64_t total = elem;
   for (auto e : shape) total *= e;  // overflow was ruled out when the tensor_ref was made
   if (n == 0 || total == 0 || total <= target) {  // one chunk: made in place (no copies of its shapes)
-    std::vector<chunk_slice> one(1);
-    one[0].offset.assign(n, 0);
-    one[0].shape = shape;
-    one[0].bytes = total;
-    return one;
+    auto& one = out.emplace_back();
+    one.offset.assign(n, 0);
+    one.shape = shape;
+    one.bytes = total;
+    return;
   }
   shape_t step(n);  // bytes of one index step along each dimension
   step[n - 1] = elem;
@@ -23,7 +23,6 @@ CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::
   std::size_t split = 0;
   while (split + 1 < n && step[split] > target) ++split;
   const std::uint64_t per = std::max<std::uint64_t>(1, target / step[split]);
-  std::vector<chunk_slice> out;
   shape_t outer(split, 0);
   for (;;) {
     for (std::uint64_t i = 0; i < shape[split]; i += per) {
@@ -46,18 +45,24 @@ CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::
       --d;
       if (++outer[d] < shape[d]) break;
       outer[d] = 0;
-      if (d == 0) return out;
+      if (d == 0) return;
     }
-    if (split == 0) return out;
+    if (split == 0) return;
   }
 }
 
-CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem,
-                                             const chunking& how) {
+CKPT_DECL std::vector<chunk_slice> split_into_chunks(const shape_t& shape, std::uint64_t elem, std::uint64_t target) {
+  std::vector<chunk_slice> out;
+  split_into_chunks(shape, elem, target, out);
+  return out;
+}
+
+CKPT_DECL void chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem, const chunking& how,
+                         std::vector<chunk_slice>& out) {
   const std::size_t n = shape.size();
   std::uint64_t total = elem;
   for (auto e : shape) total *= e;
-  const auto plain = [&] { return split_into_chunks(shape, elem, how.chunk_bytes); };
+  const auto plain = [&] { split_into_chunks(shape, elem, how.chunk_bytes, out); };
   if (how.reshard_blocks <= 1 || n == 0 || total == 0 || global_shape.size() != n) return plain();
   // The dimensions the slice is split on, among those it holds more than one index of.
   std::vector<std::size_t> dims;
@@ -86,7 +91,6 @@ CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t
   shape_t stride(n, elem);  // bytes of one index step along each dimension
   for (std::size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
 
-  std::vector<chunk_slice> out;
   std::vector<std::uint64_t> at(dims.size(), 0);  // the block's first index along each blocked dimension
   for (;;) {
     shape_t cell_offset(n, 0), cell_shape = shape;
@@ -94,22 +98,31 @@ CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t
       cell_offset[dims[i]] = at[i];
       cell_shape[dims[i]] = std::min(width[i], shape[dims[i]] - at[i]);
     }
-    for (auto& c : split_into_chunks(cell_shape, elem, how.chunk_bytes)) {
+    const auto first = out.size();
+    split_into_chunks(cell_shape, elem, how.chunk_bytes, out);
+    for (auto k = first; k < out.size(); ++k) {
+      auto& c = out[k];
       for (std::size_t d = 0; d < n; ++d) c.offset[d] += cell_offset[d];
       c.byte_offset = 0;
       for (std::size_t d = 0; d < n; ++d) c.byte_offset += c.offset[d] * stride[d];
       c.contiguous = box_is_contiguous(c.shape, shape);
-      out.push_back(std::move(c));
     }
     std::size_t i = dims.size();
     for (;;) {
-      if (i == 0) return out;
+      if (i == 0) return;
       --i;
       at[i] += width[i];
       if (at[i] < shape[dims[i]]) break;
       at[i] = 0;
     }
   }
+}
+
+CKPT_DECL std::vector<chunk_slice> chunks_of(const shape_t& shape, const shape_t& global_shape, std::uint64_t elem,
+                                             const chunking& how) {
+  std::vector<chunk_slice> out;
+  chunks_of(shape, global_shape, elem, how, out);
+  return out;
 }
 
 }  // namespace ckpt::detail
