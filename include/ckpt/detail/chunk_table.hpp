@@ -79,16 +79,21 @@ class column_block {
   std::byte* base() noexcept { return heap_ ? reinterpret_cast<std::byte*>(heap_.get()) : local_; }
   bool on_heap() const noexcept { return heap_ != nullptr; }
 
-  /// Room for `bytes` bytes that do not overlap the current block (whose columns the caller
-  /// copies out, then calls `adopt`). The inline bytes serve only a table that has none yet.
-  std::byte* fresh(std::size_t bytes, bool empty) {
-    if (empty && !heap_ && bytes <= Inline) return local_;
-    spare_.reset(new std::uint64_t[(bytes + 7) / 8]);
-    return reinterpret_cast<std::byte*>(spare_.get());
+  /// Room for `bytes` bytes that do not overlap the current block, whose columns the caller
+  /// copies out before it calls `adopt`: the inline bytes while the table has none in use and
+  /// they are enough, else a new heap block (null for the inline bytes).
+  std::unique_ptr<std::uint64_t[]> fresh(std::size_t bytes, bool empty, std::byte*& at) {
+    if (empty && !heap_ && bytes <= Inline) {
+      at = local_;
+      return nullptr;
+    }
+    std::unique_ptr<std::uint64_t[]> block(new std::uint64_t[(bytes + 7) / 8]);
+    at = reinterpret_cast<std::byte*>(block.get());
+    return block;
   }
   /// Makes what `fresh` returned the table's block.
-  void adopt() noexcept {
-    if (spare_) heap_ = std::move(spare_);
+  void adopt(std::unique_ptr<std::uint64_t[]> block) noexcept {
+    if (block) heap_ = std::move(block);
   }
   /// Takes `other`'s heap block (the caller rebinds its columns).
   void steal(column_block& other) noexcept { heap_ = std::move(other.heap_); }
@@ -97,7 +102,7 @@ class column_block {
   void release() noexcept { heap_.reset(); }
 
  private:
-  std::unique_ptr<std::uint64_t[]> heap_, spare_;
+  std::unique_ptr<std::uint64_t[]> heap_;
   alignas(8) std::byte local_[Inline];
 };
 
@@ -207,7 +212,8 @@ struct chunk_table {
   void grow(std::size_t cap) {
     const auto n = std::min(size(), cap);
     const auto keep = std::min(coords.size(), cap * 2 * ndim);
-    auto* b = block_.fresh(bytes_for(cap, ndim), size() == 0);
+    std::byte* b = nullptr;
+    auto fresh = block_.fresh(bytes_for(cap, ndim), size() == 0, b);
     chunk_table to;  // only its columns' pointers: the bytes are copied before this block is dropped
     to.ndim = ndim;
     to.bind(b, cap, ndim);
@@ -219,7 +225,7 @@ struct chunk_table {
       std::memcpy(to.xxh3.p_, xxh3.p_, n * 8);
     }
     if (keep) std::memcpy(to.coords.p_, coords.p_, keep * 8);
-    block_.adopt();
+    block_.adopt(std::move(fresh));
     bind(b, cap, ndim);
     set_size(n);
   }
@@ -332,12 +338,13 @@ struct region_table {
   void grow(std::size_t cap) {
     const auto n = std::min(size(), cap);
     const auto keep = std::min(coords.size(), cap * 2 * ndim);
-    auto* b = block_.fresh(bytes_for(cap, ndim), size() == 0);
+    std::byte* b = nullptr;
+    auto fresh = block_.fresh(bytes_for(cap, ndim), size() == 0, b);
     region_table to;
     to.bind(b, cap, ndim);
     if (n) std::memcpy(to.file.p_, file.p_, n * 4);
     if (keep) std::memcpy(to.coords.p_, coords.p_, keep * 8);
-    block_.adopt();
+    block_.adopt(std::move(fresh));
     bind(b, cap, ndim);
     set_size(n);
   }

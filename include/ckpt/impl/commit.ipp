@@ -274,9 +274,10 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
   struct merged {
     schema_entry* first = nullptr;  // where it was first seen (its block and pieces move to the layout)
     bool grid = true;
-    // A grid's cells: the file of each (no_file until one claims it), or, when it has more
-    // cells than writers (so it has a gap, and the array could be huge), (cell, file) pairs.
-    std::vector<std::uint32_t> file_of_cell;
+    // A grid's cells: the file of each (no_file until one claims it; its part of `cell_files`
+    // below, one array for all tensors rather than one each), or, when it has more cells than
+    // writers (so it has a gap, and the array could be huge), (cell, file) pairs.
+    std::span<std::uint32_t> file_of_cell;
     std::vector<std::pair<std::uint64_t, std::uint32_t>> cells;
     region_table list;  // when not a grid
     std::uint64_t grid_cells = 0;
@@ -333,12 +334,19 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
   for (std::size_t r = 0; r < reps.size(); ++r)
     if (reps[r].file)
       for (const auto& e : schema_of[r]->tensors) ++tensors[e.tensor].writers;
+  std::uint64_t array_cells = 0;  // at most the writers of all tensors
+  for (const auto& m : tensors)
+    if (m.grid && m.grid_cells <= m.writers) array_cells += m.grid_cells;
+  std::vector<std::uint32_t> cell_files(array_cells, no_file);
+  array_cells = 0;
   for (auto& m : tensors)
     if (m.grid) {
-      if (m.grid_cells <= m.writers)
-        m.file_of_cell.assign(m.grid_cells, no_file);
-      else
+      if (m.grid_cells <= m.writers) {
+        m.file_of_cell = std::span(cell_files.data() + array_cells, m.grid_cells);
+        array_cells += m.grid_cells;
+      } else {
         m.cells.reserve(m.writers);
+      }
     }
   for (auto& s : schemas)  // each grid entry's cell count, once
     for (auto& e : s.tensors)
@@ -548,7 +556,6 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
     }
     l.runs = runs_of(file_of_cell);
     t.chunk_count = m.grid_cells * l.pieces.size();
-    std::vector<std::uint32_t>().swap(file_of_cell);
   };
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(tensors.size(), 1))));
   auto work = [&] {
