@@ -3,6 +3,7 @@
 
 #include "helpers.hpp"
 
+#include <ckpt/detail/chunk_layout.hpp>
 #include <ckpt/detail/commit.hpp>
 #include <ckpt/detail/coverage.hpp>
 #include <ckpt/detail/format.hpp>
@@ -289,6 +290,49 @@ TEST_CASE("a chunk table keeps its columns through growth, copies and moves, ins
   s = std::move(r);
   CHECK(s.size() == 2);
   CHECK(r.size() == 0);
+}
+
+TEST_CASE("a small vector holds its first values inside itself and the rest on the heap, through copies and moves") {
+  std::mt19937_64 rng(11);
+  small_vector<file_run, 1> v;
+  std::vector<file_run> m;
+  const auto same = [&](const small_vector<file_run, 1>& a) {
+    REQUIRE(a.size() == m.size());
+    CHECK(std::equal(a.begin(), a.end(), m.begin()));
+  };
+  for (int step = 0; step < 2000; ++step) {
+    switch (rng() % 6) {
+      case 0:
+      case 1: {
+        const file_run r{rng(), static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng())};
+        v.push_back(r), m.push_back(r);
+        break;
+      }
+      case 2: {
+        const auto n = rng() % 4;
+        v.resize(n), m.resize(n);
+        break;
+      }
+      case 3: {
+        auto copy = v;
+        same(copy);
+        CHECK(copy == v);
+        auto moved = std::move(copy);
+        same(moved);
+        CHECK(copy.empty());
+        v = std::move(moved);
+        break;
+      }
+      case 4: {
+        const auto n = rng() % 3;
+        v.assign(n, file_run{n, 1, 2}), m.assign(n, file_run{n, 1, 2});
+        break;
+      }
+      default:
+        v = {{1, 2, 3}}, m = {{1, 2, 3}};
+    }
+    same(v);
+  }
 }
 
 TEST_CASE("chunk columns are packed to the bytes their largest value needs, and read back exactly") {

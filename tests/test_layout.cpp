@@ -76,7 +76,7 @@ TEST_CASE("layouts: an even split merges into a grid, cell by cell, whatever ord
   const auto& l = *md.tensors.at(0).placement;
   CHECK(l.how == d::chunk_layout::kind::grid);
   CHECK(l.block == shape_t{2, 6});
-  CHECK(l.runs == std::vector<d::file_run>{{4, 0, 1}});
+  CHECK(l.runs == decltype(d::chunk_layout::runs){{4, 0, 1}});
   CHECK(md.tensors[0].chunk_count == 4);
   map_round_trip(md);
   // Files in another order than cells: still a grid, its runs say which file holds which cell.
@@ -136,8 +136,8 @@ TEST_CASE("layouts: only the lowest rank of each schema sends it, and rank 0 mer
   CHECK(reports[1].size() < reports[0].size());
   const auto md = d::merge_reports("global_step1", 1, {5, 1, 1, 5}, {}, reports, 1);
   REQUIRE(md.tensors.size() == 2);
-  CHECK(md.tensors[1].placement->runs == std::vector<d::file_run>{{4, 0, 1}});
-  CHECK(md.tensors[0].placement->runs == std::vector<d::file_run>{{1, 4, 0}});
+  CHECK(md.tensors[1].placement->runs == decltype(d::chunk_layout::runs){{4, 0, 1}});
+  CHECK(md.tensors[0].placement->runs == decltype(d::chunk_layout::runs){{1, 4, 0}});
   // A report that names a schema nobody sent is a communication error, not a guess.
   reports.erase(reports.begin());
   const auto e = test::catch_error([&] { (void)d::merge_reports("global_step1", 1, {4, 1, 1, 4}, {}, reports, 1); });

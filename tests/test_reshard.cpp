@@ -270,7 +270,7 @@ TEST_CASE("layouts: an even split is stored as a grid, an uneven one as a list, 
     const auto& fc1 = p.at("fc1.weight");
     CHECK(fc1.how == ckpt::detail::chunk_layout::kind::grid);
     CHECK(fc1.block == shape_t{64, hidden});
-    CHECK(fc1.runs == std::vector<ckpt::detail::file_run>{{4, 0, 1}});  // cells 0..3 in files 0..3
+    CHECK(fc1.runs == decltype(fc1.runs){{4, 0, 1}});  // cells 0..3 in files 0..3
     CHECK(p.at("fc2.weight").block == shape_t{hidden, 64});
   }
   CHECK(placements(uneven.path()).at("fc1.weight").how == ckpt::detail::chunk_layout::kind::list);

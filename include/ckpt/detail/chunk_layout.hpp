@@ -25,6 +25,7 @@
 #include "chunk_table.hpp"
 #include "coverage.hpp"
 #include "region.hpp"
+#include "small_vector.hpp"
 
 #include "../impl/decl.hpp"
 
@@ -47,7 +48,7 @@ struct chunk_layout {
   // the file of every cell, cells in row-major order.
   shape_t block;
   region_table pieces;  // file unused
-  std::vector<file_run> runs;
+  small_vector<file_run, 1> runs;  // one, almost always
   // list: every chunk's file and region.
   region_table chunks;
 
@@ -73,8 +74,8 @@ struct chunk_layout {
 };
 
 /// Compresses the file of each cell (in row-major order) into arithmetic runs.
-inline std::vector<file_run> runs_of(std::span<const std::uint32_t> file_of_cell) {
-  std::vector<file_run> out;
+inline small_vector<file_run, 1> runs_of(std::span<const std::uint32_t> file_of_cell) {
+  small_vector<file_run, 1> out;
   for (std::size_t k = 0; k < file_of_cell.size();) {
     file_run r{1, file_of_cell[k], 0};
     if (k + 1 < file_of_cell.size() && file_of_cell[k + 1] >= r.first) {
