@@ -3,16 +3,15 @@
 // Header-only builds include this at the end of detail/format.hpp; CKPT_SEPARATE_COMPILATION builds
 // compile it once, in the translation unit that includes ckpt/impl/src.hpp.
 
-#include <bit>
 #include <cassert>
 
 namespace ckpt::detail {
 
 CKPT_DECL std::string encode_index(const shard_index& idx) {
   // cereal's PortableBinary layout (what bounded_reader reads: the byte-order flag, then
-  // little-endian fields), written straight into a string of its exact size: through cereal's
-  // stream, an index of 100,000 tensors cost a stream call per field and a buffer per table.
-  static_assert(std::endian::native == std::endian::little, "shard indexes are written in the machine's byte order, flagged 1");
+  // little-endian fields, the host's own order: packed.hpp requires a little-endian host),
+  // written straight into a string of its exact size: through cereal's stream, an index of
+  // 100,000 tensors cost a stream call per field and a buffer per table.
   std::vector<table_widths::column_widths> widths;
   widths.reserve(idx.tensors.size());
   std::size_t n = 1 + 4 + 4 + 8 + 8;
