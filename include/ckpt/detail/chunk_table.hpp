@@ -15,6 +15,7 @@
 // hundreds of MB first costs about as much as the copy itself.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -58,56 +59,160 @@ class column {
   }
 
  private:
-  template <std::size_t>
-  friend class column_block;
-  friend struct chunk_table;
-  friend struct region_table;
+  template <class, std::size_t>
+  friend class column_table;
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
 
-/// The memory of a table's columns: `Inline` bytes inside the table, or one heap block. Knows
-/// nothing of the columns; the tables lay them out (u64 columns first, for alignment).
-template <std::size_t Inline>
-class column_block {
+/// What chunk_table and region_table share: their columns in one block (`Inline` bytes inside
+/// the table, or one heap block), grown like a vector's, copied and moved whole. A table lists
+/// its columns once, in `columns(f)`: `f(column, per_dim)` for each, widest type first (so each
+/// starts aligned), `per_dim` when it holds 2 × ndim values per chunk (the coordinates).
+template <class Table, std::size_t Inline>
+class column_table {
  public:
-  column_block() = default;
-  column_block(const column_block&) = delete;
-  column_block& operator=(const column_block&) = delete;
-  ~column_block() { release(); }
+  std::uint32_t ndim = 0;
 
-  std::byte* base() noexcept { return heap_ ? reinterpret_cast<std::byte*>(heap_.get()) : local_; }
-  bool on_heap() const noexcept { return heap_ != nullptr; }
+  std::size_t size() const noexcept { return self().file.size(); }
+  std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {self().coords.data() + 2 * ndim * i, ndim}; }
+  std::span<const std::uint64_t> shape(std::size_t i) const noexcept {
+    return {self().coords.data() + 2 * ndim * i + ndim, ndim};
+  }
+  /// Elements in chunk i. Cannot overflow once the chunk is known to lie inside its tensor's
+  /// checked global shape (validate_metadata, or a chunk this process made).
+  std::uint64_t elements(std::size_t i) const noexcept {
+    std::uint64_t n = 1;
+    for (const auto e : shape(i)) n *= e;
+    return n;
+  }
 
-  /// Room for `bytes` bytes that do not overlap the current block, whose columns the caller
-  /// copies out before it calls `adopt`: the inline bytes while the table has none in use and
-  /// they are enough, else a new heap block (null for the inline bytes).
-  std::unique_ptr<std::uint64_t[]> fresh(std::size_t bytes, bool empty, std::byte*& at) {
-    if (empty && !heap_ && bytes <= Inline) {
-      at = local_;
-      return nullptr;
+  /// `n` chunks; those added are not zeroed.
+  void resize(std::size_t n) {
+    if (n > capacity_ || ndim != laid_ndim_) grow(std::max(n, n > capacity_ ? 2 * capacity_ : capacity_));
+    set_size(n);
+  }
+  /// Room for `n` chunks without another allocation.
+  void reserve(std::size_t n) {
+    if (n > capacity_ || ndim != laid_ndim_) grow(std::max(n, size()));
+  }
+  /// Empties every column, keeping their memory for the next use.
+  void clear() noexcept { set_size(0); }
+
+  /// Appends every chunk of `other` (same ndim), recording them as being in file `f`.
+  void append(const Table& other, std::uint32_t f) {
+    const auto at = size(), n = other.size();
+    resize(at + n);  // `other` may be this table: read it only after
+    const auto from = other.places();
+    std::size_t k = 0;
+    self().columns([&](auto& c, bool per_dim) {
+      const auto each = per_dim ? 2 * std::size_t{ndim} : 1;
+      std::memmove(c.p_ + at * each, from[k++].first, n * each * sizeof(*c.p_));
+    });
+    std::fill_n(self().file.data() + at, n, f);
+  }
+
+ protected:
+  column_table() = default;
+  // The columns are the table's members, made after this base: the table's own copy and move
+  // construct them first, then call copy_from and take.
+  column_table(const column_table&) noexcept {}
+  column_table& operator=(const column_table&) = delete;
+
+  void copy_from(const Table& o) {
+    if (&o == &self()) return;
+    set_size(0);
+    ndim = o.ndim;
+    if (o.size() == 0) return;
+    reserve(o.size());
+    set_size(o.size());
+    const auto from = o.places();
+    std::size_t k = 0;
+    self().columns([&](auto& c, bool) {
+      const auto [p, bytes] = from[k++];
+      std::memcpy(c.p_, p, std::min(bytes, c.n_ * sizeof(*c.p_)));
+    });
+  }
+  void take(Table& o) noexcept {
+    if (&o == &self()) return;
+    ndim = o.ndim;
+    const auto n = o.size();
+    if (o.heap_) {
+      heap_ = std::move(o.heap_);
+    } else {
+      heap_.reset();
+      std::memcpy(local_, o.local_, Inline);
     }
-    std::unique_ptr<std::uint64_t[]> block(new std::uint64_t[(bytes + 7) / 8]);
-    at = reinterpret_cast<std::byte*>(block.get());
-    return block;
+    bind(base(), o.capacity_, o.laid_ndim_);
+    set_size(n);
+    o.capacity_ = 0;
+    o.laid_ndim_ = 0;
+    o.set_size(0);
   }
-  /// Makes what `fresh` returned the table's block.
-  void adopt(std::unique_ptr<std::uint64_t[]> block) noexcept {
-    if (block) heap_ = std::move(block);
-  }
-  /// Takes `other`'s heap block (the caller rebinds its columns).
-  void steal(column_block& other) noexcept { heap_ = std::move(other.heap_); }
-  /// Copies `other`'s inline bytes.
-  void copy_local(const column_block& other) noexcept { std::memcpy(local_, other.local_, Inline); }
-  void release() noexcept { heap_.reset(); }
 
  private:
-  std::unique_ptr<std::uint64_t[]> heap_;
+  static constexpr std::size_t most_columns = 8;
+  using places_t = std::array<std::pair<const void*, std::size_t>, most_columns>;  // each column's values and bytes
+
+  Table& self() noexcept { return static_cast<Table&>(*this); }
+  const Table& self() const noexcept { return static_cast<const Table&>(*this); }
+  std::byte* base() noexcept { return heap_ ? reinterpret_cast<std::byte*>(heap_.get()) : local_; }
+
+  places_t places() const noexcept {
+    places_t out{};
+    std::size_t k = 0;
+    const_cast<Table&>(self()).columns([&](auto& c, bool) { out[k++] = {c.p_, c.n_ * sizeof(*c.p_)}; });
+    return out;
+  }
+  /// Points the columns at a block laid out for `cap` chunks of `nd` dimensions.
+  void bind(std::byte* b, std::size_t cap, std::uint32_t nd) noexcept {
+    std::size_t at = 0;
+    self().columns([&](auto& c, bool per_dim) {
+      c.p_ = reinterpret_cast<std::remove_reference_t<decltype(*c.p_)>*>(b + at);
+      at += cap * (per_dim ? 2 * std::size_t{nd} : 1) * sizeof(*c.p_);
+    });
+    capacity_ = cap;
+    laid_ndim_ = nd;
+  }
+  std::size_t bytes_for(std::size_t cap, std::uint32_t nd) noexcept {
+    std::size_t bytes = 0;
+    self().columns([&](auto& c, bool per_dim) { bytes += cap * (per_dim ? 2 * std::size_t{nd} : 1) * sizeof(*c.p_); });
+    return bytes;
+  }
+  void set_size(std::size_t n) noexcept {
+    self().columns([&](auto& c, bool per_dim) { c.n_ = per_dim ? n * 2 * ndim : n; });
+  }
+  /// Moves the columns to a block for `cap` chunks of `ndim` dimensions: the inline bytes while
+  /// the table has none in use and they are enough, else a new heap block. The old block goes
+  /// only once its values are copied.
+  void grow(std::size_t cap) {
+    const auto n = std::min(size(), cap);
+    const auto from = places();
+    const auto bytes = bytes_for(cap, ndim);
+    std::unique_ptr<std::uint64_t[]> fresh;
+    std::byte* b = local_;
+    if (size() != 0 || heap_ || bytes > Inline) {
+      fresh.reset(new std::uint64_t[(bytes + 7) / 8]);
+      b = reinterpret_cast<std::byte*>(fresh.get());
+    }
+    bind(b, cap, ndim);
+    std::size_t k = 0;
+    self().columns([&](auto& c, bool per_dim) {
+      const auto [p, had] = from[k++];
+      if (const auto keep = std::min(had, cap * (per_dim ? 2 * std::size_t{ndim} : 1) * sizeof(*c.p_)); keep)
+        std::memcpy(c.p_, p, keep);
+    });
+    if (fresh) heap_ = std::move(fresh);
+    set_size(n);
+  }
+
+  std::unique_ptr<std::uint64_t[]> heap_;  // null while the columns are in local_
+  std::size_t capacity_ = 0;
+  std::uint32_t laid_ndim_ = 0;
   alignas(8) std::byte local_[Inline];
 };
 
-struct chunk_table {
-  std::uint32_t ndim = 0;
+struct chunk_table : column_table<chunk_table, 64> {  // one chunk of up to two dimensions inline: 61 bytes
   column<std::uint32_t> file;         // index into metadata::files (0 in a footer index)
   column<std::uint64_t> coords;       // per chunk: offset[ndim], then shape[ndim]
   column<std::uint8_t> codec;
@@ -117,35 +222,15 @@ struct chunk_table {
   // No raw (decoded) size: it is the elements of the chunk's shape times the element size.
 
   chunk_table() = default;
-  chunk_table(const chunk_table& o) : ndim(o.ndim) { copy_from(o); }
-  chunk_table(chunk_table&& o) noexcept : ndim(o.ndim) { take(o); }
+  chunk_table(const chunk_table& o) : column_table(o) { copy_from(o); }
+  chunk_table(chunk_table&& o) noexcept : column_table(o) { take(o); }
   chunk_table& operator=(const chunk_table& o) {
-    if (this != &o) {
-      resize(0);
-      ndim = o.ndim;
-      copy_from(o);
-    }
+    copy_from(o);
     return *this;
   }
   chunk_table& operator=(chunk_table&& o) noexcept {
-    if (this != &o) {
-      ndim = o.ndim;
-      take(o);
-    }
+    take(o);
     return *this;
-  }
-
-  std::size_t size() const noexcept { return codec.size(); }
-  std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {coords.data() + 2 * ndim * i, ndim}; }
-  std::span<const std::uint64_t> shape(std::size_t i) const noexcept {
-    return {coords.data() + 2 * ndim * i + ndim, ndim};
-  }
-  /// Elements in chunk i. Cannot overflow once the chunk is known to lie inside its tensor's
-  /// checked global shape (validate_metadata, or a chunk this process made).
-  std::uint64_t elements(std::size_t i) const noexcept {
-    std::uint64_t n = 1;
-    for (const auto e : shape(i)) n *= e;
-    return n;
   }
 
   void push(std::uint32_t f, std::span<const std::uint64_t> off, std::span<const std::uint64_t> shp, std::uint8_t c,
@@ -161,144 +246,34 @@ struct chunk_table {
     xxh3[i] = hash;
   }
 
-  /// Appends every chunk of `other` (same ndim), recording them as being in file `f`.
-  void append(const chunk_table& other, std::uint32_t f) {
-    const auto at = size(), n = other.size();
-    resize(at + n);  // `other` may be this table: read it only after
-    std::fill_n(file.data() + at, n, f);
-    std::memmove(coords.data() + 2 * ndim * at, other.coords.data(), 2 * ndim * n * 8);
-    std::memmove(codec.data() + at, other.codec.data(), n);
-    std::memmove(file_offset.data() + at, other.file_offset.data(), n * 8);
-    std::memmove(stored_size.data() + at, other.stored_size.data(), n * 8);
-    std::memmove(xxh3.data() + at, other.xxh3.data(), n * 8);
-  }
-
-  /// Room for `n` chunks without another allocation.
-  void reserve(std::size_t n) {
-    if (n > capacity_ || ndim != laid_ndim_) grow(std::max(n, size()));
-  }
-
-  /// Empties every column, keeping their memory for the next use.
-  void clear() noexcept { set_size(0); }
-
-  /// `n` chunks; those added are not zeroed.
-  void resize(std::size_t n) {
-    if (n > capacity_ || ndim != laid_ndim_) grow(std::max(n, n > capacity_ ? 2 * capacity_ : capacity_));
-    set_size(n);
-  }
-
  private:
-  // One chunk of up to two dimensions: 8 (xxh3) + 8 + 8 + 32 (coords) + 4 (file) + 1 (codec).
-  static constexpr std::size_t inline_bytes = 64;
-  static std::size_t bytes_for(std::size_t cap, std::size_t nd) noexcept { return cap * (29 + 16 * nd); }
-
-  /// Points the columns at a block laid out for `cap` chunks of `nd` dimensions.
-  void bind(std::byte* b, std::size_t cap, std::uint32_t nd) noexcept {
-    auto* u = reinterpret_cast<std::uint64_t*>(b);
-    xxh3.p_ = u;
-    file_offset.p_ = u + cap;
-    stored_size.p_ = u + 2 * cap;
-    coords.p_ = u + 3 * cap;
-    file.p_ = reinterpret_cast<std::uint32_t*>(u + (3 + 2 * std::size_t{nd}) * cap);
-    codec.p_ = reinterpret_cast<std::uint8_t*>(file.p_ + cap);
-    capacity_ = cap;
-    laid_ndim_ = nd;
+  friend class column_table<chunk_table, 64>;
+  template <class F>
+  void columns(F&& f) {
+    f(xxh3, false), f(file_offset, false), f(stored_size, false), f(coords, true), f(file, false), f(codec, false);
   }
-  void set_size(std::size_t n) noexcept {
-    file.n_ = codec.n_ = file_offset.n_ = stored_size.n_ = xxh3.n_ = n;
-    coords.n_ = n * 2 * ndim;
-  }
-  /// Moves the columns to a block for `cap` chunks of `ndim` dimensions.
-  void grow(std::size_t cap) {
-    const auto n = std::min(size(), cap);
-    const auto keep = std::min(coords.size(), cap * 2 * ndim);
-    std::byte* b = nullptr;
-    auto fresh = block_.fresh(bytes_for(cap, ndim), size() == 0, b);
-    chunk_table to;  // only its columns' pointers: the bytes are copied before this block is dropped
-    to.ndim = ndim;
-    to.bind(b, cap, ndim);
-    if (n) {
-      std::memcpy(to.file.p_, file.p_, n * 4);
-      std::memcpy(to.codec.p_, codec.p_, n);
-      std::memcpy(to.file_offset.p_, file_offset.p_, n * 8);
-      std::memcpy(to.stored_size.p_, stored_size.p_, n * 8);
-      std::memcpy(to.xxh3.p_, xxh3.p_, n * 8);
-    }
-    if (keep) std::memcpy(to.coords.p_, coords.p_, keep * 8);
-    block_.adopt(std::move(fresh));
-    bind(b, cap, ndim);
-    set_size(n);
-  }
-  void copy_from(const chunk_table& o) {
-    if (o.size() == 0) return;
-    grow(o.size());
-    set_size(o.size());
-    std::memcpy(file.p_, o.file.p_, size() * 4);
-    std::memcpy(coords.p_, o.coords.p_, std::min(o.coords.size(), coords.size()) * 8);
-    std::memcpy(codec.p_, o.codec.p_, size());
-    std::memcpy(file_offset.p_, o.file_offset.p_, size() * 8);
-    std::memcpy(stored_size.p_, o.stored_size.p_, size() * 8);
-    std::memcpy(xxh3.p_, o.xxh3.p_, size() * 8);
-  }
-  void take(chunk_table& o) noexcept {
-    const auto n = o.size();
-    if (o.block_.on_heap()) {
-      block_.steal(o.block_);
-    } else {
-      block_.release();
-      block_.copy_local(o.block_);
-    }
-    bind(block_.base(), o.capacity_, o.laid_ndim_);
-    set_size(n);
-    o.capacity_ = 0;
-    o.laid_ndim_ = 0;
-    o.set_size(0);
-  }
-
-  column_block<inline_bytes> block_;
-  std::size_t capacity_ = 0;
-  std::uint32_t laid_ndim_ = 0;
 };
 
 /// The regions of a layout's chunks and the file of each (chunk_layout): the two columns of a
 /// chunk_table that chunk_map.bin keeps, and no others. Every tensor's layout has one (its grid
 /// cell's pieces, or its listed chunks); with the four columns only a footer index fills, a
 /// commit or load of 100,000 tensors made 400,000 allocations more for nothing.
-struct region_table {
-  std::uint32_t ndim = 0;
+struct region_table : column_table<region_table, 40> {  // one region of up to two dimensions inline: 36 bytes
   column<std::uint32_t> file;    // index into metadata::files (unused, 0, for a grid's pieces)
   column<std::uint64_t> coords;  // per chunk: offset[ndim], then shape[ndim]
 
   region_table() = default;
-  region_table(const region_table& o) : ndim(o.ndim) { copy_from(o); }
-  region_table(region_table&& o) noexcept : ndim(o.ndim) { take(o); }
+  region_table(const region_table& o) : column_table(o) { copy_from(o); }
+  region_table(region_table&& o) noexcept : column_table(o) { take(o); }
   region_table& operator=(const region_table& o) {
-    if (this != &o) {
-      resize(0);
-      ndim = o.ndim;
-      copy_from(o);
-    }
+    copy_from(o);
     return *this;
   }
   region_table& operator=(region_table&& o) noexcept {
-    if (this != &o) {
-      ndim = o.ndim;
-      take(o);
-    }
+    take(o);
     return *this;
   }
 
-  std::size_t size() const noexcept { return file.size(); }
-  std::span<const std::uint64_t> offset(std::size_t i) const noexcept { return {coords.data() + 2 * ndim * i, ndim}; }
-  std::span<const std::uint64_t> shape(std::size_t i) const noexcept {
-    return {coords.data() + 2 * ndim * i + ndim, ndim};
-  }
-  /// Elements in chunk i; cannot overflow once the region is known to lie inside a checked shape.
-  std::uint64_t elements(std::size_t i) const noexcept {
-    std::uint64_t n = 1;
-    for (const auto e : shape(i)) n *= e;
-    return n;
-  }
   void push(std::uint32_t f, std::span<const std::uint64_t> off, std::span<const std::uint64_t> shp) {
     const auto i = size();
     resize(i + 1);
@@ -306,73 +281,13 @@ struct region_table {
     std::copy(off.begin(), off.end(), coords.data() + 2 * ndim * i);
     std::copy(shp.begin(), shp.end(), coords.data() + 2 * ndim * i + ndim);
   }
-  /// Appends every region of `other` (same ndim), recording them as being in file `f`.
-  void append(const region_table& other, std::uint32_t f) {
-    const auto at = size(), n = other.size();
-    resize(at + n);  // `other` may be this table: read it only after
-    std::fill_n(file.data() + at, n, f);
-    std::memmove(coords.data() + 2 * ndim * at, other.coords.data(), 2 * ndim * n * 8);
-  }
-  /// `n` regions; those added are not zeroed.
-  void resize(std::size_t n) {
-    if (n > capacity_ || ndim != laid_ndim_) grow(std::max(n, n > capacity_ ? 2 * capacity_ : capacity_));
-    set_size(n);
-  }
-  void clear() noexcept { set_size(0); }
 
  private:
-  // One region of up to two dimensions: 32 (coords) + 4 (file).
-  static constexpr std::size_t inline_bytes = 40;
-  static std::size_t bytes_for(std::size_t cap, std::size_t nd) noexcept { return cap * (4 + 16 * nd); }
-
-  void bind(std::byte* b, std::size_t cap, std::uint32_t nd) noexcept {
-    coords.p_ = reinterpret_cast<std::uint64_t*>(b);
-    file.p_ = reinterpret_cast<std::uint32_t*>(coords.p_ + 2 * std::size_t{nd} * cap);
-    capacity_ = cap;
-    laid_ndim_ = nd;
+  friend class column_table<region_table, 40>;
+  template <class F>
+  void columns(F&& f) {
+    f(coords, true), f(file, false);
   }
-  void set_size(std::size_t n) noexcept {
-    file.n_ = n;
-    coords.n_ = n * 2 * ndim;
-  }
-  void grow(std::size_t cap) {
-    const auto n = std::min(size(), cap);
-    const auto keep = std::min(coords.size(), cap * 2 * ndim);
-    std::byte* b = nullptr;
-    auto fresh = block_.fresh(bytes_for(cap, ndim), size() == 0, b);
-    region_table to;
-    to.bind(b, cap, ndim);
-    if (n) std::memcpy(to.file.p_, file.p_, n * 4);
-    if (keep) std::memcpy(to.coords.p_, coords.p_, keep * 8);
-    block_.adopt(std::move(fresh));
-    bind(b, cap, ndim);
-    set_size(n);
-  }
-  void copy_from(const region_table& o) {
-    if (o.size() == 0) return;
-    grow(o.size());
-    set_size(o.size());
-    std::memcpy(file.p_, o.file.p_, size() * 4);
-    std::memcpy(coords.p_, o.coords.p_, std::min(o.coords.size(), coords.size()) * 8);
-  }
-  void take(region_table& o) noexcept {
-    const auto n = o.size();
-    if (o.block_.on_heap()) {
-      block_.steal(o.block_);
-    } else {
-      block_.release();
-      block_.copy_local(o.block_);
-    }
-    bind(block_.base(), o.capacity_, o.laid_ndim_);
-    set_size(n);
-    o.capacity_ = 0;
-    o.laid_ndim_ = 0;
-    o.set_size(0);
-  }
-
-  column_block<inline_bytes> block_;
-  std::size_t capacity_ = 0;
-  std::uint32_t laid_ndim_ = 0;
 };
 
 }  // namespace ckpt::detail
