@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -143,6 +144,66 @@ TEST_CASE("layouts: only the lowest rank of each schema sends it, and rank 0 mer
   const auto e = test::catch_error([&] { (void)d::merge_reports("global_step1", 1, {4, 1, 1, 4}, {}, reports, 1); });
   CHECK(e.kind() == ckpt::error_kind::communication);
   CHECK(test::mentions(e.what(), "refers to a schema no rank sent"));
+}
+
+TEST_CASE("layouts: merged from the files' plans and completed after writing, a commit is the one merged after writing") {
+  // A save reports its shard file's plan before writing (every chunk's place in its tensor, but
+  // not in the file) and rank 0 merges it while the bytes are written; then each rank reports
+  // its file's size and index checksum and its values. Ranks 0-2 write, rank 3 writes no file.
+  std::vector<std::optional<d::written_shard>> written;
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    auto w = layout_shard(r, 2 * r, 2, 6);
+    w.size = (1u << 20) + r;
+    w.index_xxh3 = 0x1234 + r;
+    w.index.values.push_back({"rng", r, 8192 + r, 16, 0x99 + r});
+    if (r == 1) w.index.values.push_back({"step", r, 9000, 8, 0x77});
+    written.push_back(std::move(w));
+  }
+  written.emplace_back();
+  std::vector<std::vector<std::byte>> after, planned, facts;
+  for (const auto& w : written) {
+    after.push_back(report_bytes(d::encode_report(w, {})));
+    facts.push_back(report_bytes(d::encode_written(w ? &*w : nullptr)));
+    auto plan = w;  // what the plan knew: no place in the file, no values, no size
+    if (plan) {
+      plan->size = plan->index_xxh3 = 0;
+      plan->index.values.clear();
+      for (auto& g : plan->index.tensors)
+        for (std::size_t c = 0; c < g.chunks.size(); ++c) g.chunks.file_offset[c] = g.chunks.stored_size[c] = g.chunks.xxh3[c] = 0;
+    }
+    planned.push_back(report_bytes(d::encode_report(plan, {})));
+  }
+  const ckpt::topology topo{4, 1, 1, 4};
+  const auto whole = d::merge_reports("global_step1", 1, topo, {}, after, 2);
+  auto early = d::merge_reports("global_step1", 1, topo, {}, planned, 2);
+  CHECK(early.values.empty());
+  CHECK(early.files.at(0).size == 0);
+  auto completed = early;
+  d::attach_written(completed, facts);
+  CHECK(d::encode_metadata(completed) == d::encode_metadata(whole));
+  CHECK(d::encode_chunk_map(completed) == d::encode_chunk_map(whole));
+  REQUIRE(completed.values.size() == 4);
+  CHECK(completed.values[2].name == "step");
+  CHECK(completed.values[2].file == 1);
+  // A rank that writes a file it did not plan, or none where it planned one, is refused.
+  auto extra = facts;
+  extra[3] = facts[2];
+  auto md = early;
+  auto e = test::catch_error([&] { d::attach_written(md, extra); });
+  CHECK(e.kind() == ckpt::error_kind::communication);
+  CHECK(test::mentions(e.what(), "what rank 3 reported after writing: it wrote a file it did not plan"));
+  auto missing = facts;
+  missing[1] = report_bytes(d::encode_written(nullptr));
+  md = early;
+  e = test::catch_error([&] { d::attach_written(md, missing); });
+  CHECK(test::mentions(e.what(), "what rank 1 reported after writing: it planned a file but wrote none"));
+  // Truncated: refused, not read past its end.
+  auto cut = facts;
+  cut[1].resize(cut[1].size() - 3);
+  md = early;
+  e = test::catch_error([&] { d::attach_written(md, cut); });
+  CHECK(e.kind() == ckpt::error_kind::communication);
+  CHECK(test::mentions(e.what(), "rank 1"));
 }
 
 TEST_CASE("layouts: a hostile version-2 chunk map is refused as corrupt, naming the tensor, before any allocation") {

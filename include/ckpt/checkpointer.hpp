@@ -42,6 +42,7 @@ struct restore_context;
 struct metadata;
 struct chunking;
 struct written_shard;
+struct shard_plan;
 class stored_index;
 template <class Store>
 class tag_store;
@@ -201,9 +202,13 @@ class checkpointer {
   /// retention.
   template <class Dev>
   void write_and_commit(detail::save_plan& plan, Dev& device);
-  /// This rank's shard file, if the ShardPolicy gives it one.
+  /// This rank's shard file, if the ShardPolicy gives it one, planned (`boxes`: blocks of
+  /// columns, for a device with a host view) before any of it is written.
+  std::optional<detail::shard_plan> plan_own_shard(const detail::save_plan& plan, bool boxes);
+  /// Writes the shard file `own` plans (none: this rank writes no file).
   template <class Dev>
-  std::optional<detail::written_shard> write_own_shard(const detail::save_plan& plan, Dev& device);
+  std::optional<detail::written_shard> write_own_shard(const detail::save_plan& plan, std::optional<detail::shard_plan>& own,
+                                                       Dev& device);
   /// Joins the background save, if any; throws its error when `rethrow` and nobody saw it.
   void finish_pending(bool rethrow);
 

@@ -50,7 +50,10 @@ struct rank_summary {
   std::string own;
 };
 
-CKPT_DECL rank_summary summarize(const std::optional<written_shard>& w, const std::vector<std::string>& held);
+CKPT_DECL rank_summary summarize(const written_shard* w, const std::vector<std::string>& held);
+inline rank_summary summarize(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
+  return summarize(w ? &*w : nullptr, held);
+}
 
 /// The report a rank gathers to rank 0: its own part, and its schema when `with_schema`.
 CKPT_DECL std::string encode_report(const rank_summary& s, bool with_schema);
@@ -75,6 +78,17 @@ bool sends_schema(Comm& comm, const rank_summary& s) {
   return true;
 }
 
+/// What only the written file decides, which a rank reports after writing when its report was
+/// made from its shard's plan (before the first byte): the file's size and index checksum, and
+/// its values with their places. An empty `w`: the rank wrote no file.
+CKPT_DECL std::string encode_written(const written_shard* w);
+
+/// Completes metadata merged from reports made before writing (their files' sizes and index
+/// checksums 0, no values) with what each rank reported after writing (`encode_written`, in
+/// rank order). A rank that now reports a file it did not announce, or none where it did, is
+/// a `communication` error.
+CKPT_DECL void attach_written(metadata& md, const std::vector<std::vector<std::byte>>& written);
+
 /// How many threads rank 0 finishes the merge with (each tensor's cells sorted and checked).
 inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
 
@@ -87,6 +101,39 @@ inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardwa
 CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
                                  const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
                                  unsigned threads = merge_threads());
+
+/// Rank 0's merge of the reports the ranks made from their shard files' plans, on a thread of
+/// its own while the files are written, so that a save of many tensors does not wait for it
+/// after the last byte. `get` joins it and returns the metadata or throws its error; a save
+/// that fails first leaves it to the destructor, which joins it and drops its result.
+class background_merge {
+ public:
+  background_merge() = default;
+  background_merge(const background_merge&) = delete;
+  background_merge& operator=(const background_merge&) = delete;
+
+  /// Starts the merge; `reports` must outlive this object or the call to `get`.
+  void start(std::string tag, std::uint64_t iteration, ckpt::topology topo, ckpt::config cfg,
+             const std::vector<std::vector<std::byte>>& reports) {
+    thread_ = std::jthread([this, tag = std::move(tag), iteration, topo = std::move(topo), cfg = std::move(cfg), &reports] {
+      try {
+        md_ = merge_reports(tag, iteration, topo, cfg, reports);
+      } catch (...) {
+        failure_ = std::current_exception();
+      }
+    });
+  }
+  metadata get() {
+    if (thread_.joinable()) thread_.join();
+    if (failure_) std::rethrow_exception(failure_);
+    return std::move(md_);
+  }
+
+ private:
+  metadata md_;
+  std::exception_ptr failure_;
+  std::jthread thread_;  // last: joined before the results it writes are destroyed
+};
 
 }  // namespace ckpt::detail
 

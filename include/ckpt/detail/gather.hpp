@@ -147,6 +147,17 @@ void gather_plan(Comm& comm, save_plan& plan, Dev& device, const chunking& how) 
 /// bytes as the stage asks for them; should the stage fail or leave some unread, what is left
 /// is drained so that no rank stays blocked in a send. Afterwards every tensor of the plan is
 /// this rank's own. Otherwise `use(device)`.
+/// Whether through_gather runs its stage on a receiving_device (rank 0 of a streamed gather,
+/// with other ranks' bytes still to come) rather than on the device it is given. A receiving
+/// device has no host view, so the shard file's plan makes no blocks of columns.
+template <class Policy>
+bool receives_through_gather(const save_plan& plan) {
+  if constexpr (streams<Policy>)
+    return std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; });
+  else
+    return (void)plan, false;
+}
+
 template <class Policy, class Comm, class Dev, class Use>
 void through_gather(Comm& comm, save_plan& plan, Dev& device, Use&& use) {
   if constexpr (streams<Policy>) {
@@ -154,7 +165,7 @@ void through_gather(Comm& comm, save_plan& plan, Dev& device, Use&& use) {
       send_to_root(comm, plan.sent, plan.transfers, device);
       plan.sent.clear();
     }
-    if (std::any_of(plan.source.begin(), plan.source.end(), [](int r) { return r >= 0; })) {
+    if (receives_through_gather<Policy>(plan)) {
       receiving_device<Dev, Comm> rx(device, comm, plan.mine, plan.source, plan.transfers);
       try {
         use(rx);

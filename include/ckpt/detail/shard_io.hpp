@@ -43,9 +43,8 @@ struct stored_value {
   std::vector<std::byte> bytes;
 };
 
-/// How a shard file is written: chunking and the pipeline's threads and memory.
+/// How a shard file is written: the pipeline's threads and memory.
 struct write_settings {
-  chunking chunks;                                    // boxes: chosen by write_shard from the DevicePolicy
   unsigned threads = 0;                               // encode/hash workers (0: one per core, at most 8)
   std::uint64_t buffer_bytes = std::uint64_t{256} << 20;  // host buffers in flight, at most
 };
@@ -59,58 +58,92 @@ std::uint8_t codec_id_for(const C& codec, const tensor_ref& t) {
     return C::id;
 }
 
-/// Writes one shard file (docs/format.md, section 6): header block, chunks (those of 64 KiB or
-/// more at 4 KiB boundaries, smaller ones packed), values, footer index, trailer; then fsyncs and
-/// publishes it. The storage writer discards the temporary file on failure.
-///
-/// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
-/// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
-/// parallel, and one thread appends them to the file in order. Small chunks that follow each
-/// other travel together, as one item of up to 1 MiB (never less than the largest chunk): a
-/// state of 100,000 small tensors would otherwise spend most of its save handing chunks between
-/// threads. The
-/// buffers in flight never exceed `settings.buffer_bytes` (but there is always at least one
-/// item's worth).
-template <class S, class C, class D>
-written_shard write_shard(S& storage, const std::string& tag, const std::string& path, std::uint32_t rank,
-                          const std::vector<stored_tensor>& tensors, const std::vector<stored_value>& values,
-                          const C& codec, D& device, const write_settings& settings) {
-  static const std::array<std::byte, alignment> zeros{};
-  written_shard out;
-  out.path = path;
-  out.index.rank = rank;
+/// One chunk a shard file will hold: the tensor it belongs to, its row in that tensor's chunk
+/// table, the part of the tensor's bytes it covers, and its codec.
+struct shard_chunk {
+  std::size_t tensor;
+  std::size_t row;
+  chunk_slice slice;
+  std::uint8_t codec;
+};
 
-  // Raw chunks of host tensors need no buffer at all: they are hashed and written in place.
-  constexpr bool in_place = has_host_view<D>;
-  // Every chunk of every tensor, in file order. Blocks of columns (boxes) are gathered from host
-  // memory by the workers, so only a DevicePolicy with a host view gets them.
-  struct chunk_job {
-    std::size_t tensor;
-    chunk_slice slice;
-    std::uint8_t codec;
-  };
-  auto cut = settings.chunks;
-  cut.boxes = in_place;
-  std::vector<chunk_job> jobs;
+/// A shard file before its first byte is written: every chunk's tensor, box and codec, in file
+/// order. `shard.index` already says where each chunk lies in its tensor; where it lies in the
+/// file (offset, stored size, checksum), the values, and the file's size and index checksum
+/// are write_shard's to fill in. Rank 0 merges the ranks' plans into the commit's metadata
+/// while the bytes are written (checkpointer.ipp, write_and_commit).
+struct shard_plan {
+  written_shard shard;
+  std::vector<shard_chunk> chunks;
+  std::uint64_t largest = 0;  // bytes of the largest chunk
+  bool boxes = false;         // blocks of columns, which only a DevicePolicy with a host view can gather
+};
+
+/// Plans the shard file `path` of `rank`: cuts each tensor into chunks (`cut`; `cut.boxes`
+/// only for a DevicePolicy with a host view) and records them in its index.
+template <class C>
+shard_plan plan_shard(const std::string& path, std::uint32_t rank, const std::vector<stored_tensor>& tensors, const C& codec,
+                      const chunking& cut) {
+  shard_plan out;
+  out.shard.path = path;
+  out.shard.index.rank = rank;
+  out.boxes = cut.boxes;
+  auto& groups = out.shard.index.tensors;
   std::vector<chunk_slice> slices;  // one tensor's, its memory reused for the next
-  std::uint64_t largest = 0;
-  out.index.tensors.reserve(tensors.size());
+  shape_t at;
+  groups.reserve(tensors.size());
+  out.chunks.reserve(tensors.size());  // at least one chunk each
   for (std::size_t ti = 0; ti < tensors.size(); ++ti) {
     const auto& t = tensors[ti];
-    auto& group = out.index.tensors.emplace_back();
+    auto& group = groups.emplace_back();
     group.name = t.name;
     group.type = t.ref.type();
     group.global_shape = t.ref.global_shape();
     group.order = t.ref.order();
     group.chunks.ndim = static_cast<std::uint32_t>(group.global_shape.size());
     const auto id = codec_id_for(codec, t.ref);
+    const auto base = t.ref.global_offset();
     slices.clear();
     chunks_of(t.ref.shape(), t.ref.global_shape(), size_of(t.ref.type()), cut, slices);
     for (auto& c : slices) {
-      largest = std::max(largest, c.bytes);
-      jobs.push_back({ti, std::move(c), id});
+      out.largest = std::max(out.largest, c.bytes);
+      at.resize(base.size());
+      for (std::size_t d = 0; d < base.size(); ++d) at[d] = base[d] + c.offset[d];
+      group.chunks.push(0, at, c.shape, id, 0, 0, 0);  // its place in the file: written later
+      out.chunks.push_back({ti, group.chunks.size() - 1, std::move(c), id});
     }
   }
+  return out;
+}
+
+/// Writes the shard file `plan` describes (docs/format.md, section 6): header block, chunks
+/// (those of 64 KiB or more at 4 KiB boundaries, smaller ones packed), values, footer index,
+/// trailer; then fsyncs and publishes it. The storage writer discards the temporary file on
+/// failure.
+///
+/// Chunks flow through run_pipeline: the caller stages each into a host buffer (or, for raw
+/// chunks of host tensors, uses the tensor's bytes in place), workers encode and hash them in
+/// parallel, and one thread appends them to the file in order. Small chunks that follow each
+/// other travel together, as one item of up to 1 MiB (never less than the largest chunk): a
+/// state of 100,000 small tensors would otherwise spend most of its save handing chunks between
+/// threads. The buffers in flight never exceed `settings.buffer_bytes` (but there is always at
+/// least one item's worth).
+template <class S, class C, class D>
+written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan, const std::vector<stored_tensor>& tensors,
+                          const std::vector<stored_value>& values, const C& codec, D& device, const write_settings& settings) {
+  static const std::array<std::byte, alignment> zeros{};
+  // Raw chunks of host tensors need no buffer at all: they are hashed and written in place.
+  constexpr bool in_place = has_host_view<D>;
+  if (plan.boxes && !in_place)
+    throw error(error_kind::invalid_argument, "ckpt internal error: shard file " + printable(plan.shard.path) +
+                                                  " was planned with blocks of columns for a device that cannot gather them");
+  if (plan.shard.index.tensors.size() != tensors.size())
+    throw error(error_kind::invalid_argument, "ckpt internal error: shard file " + printable(plan.shard.path) + " was planned for " +
+                                                  std::to_string(plan.shard.index.tensors.size()) + " tensors and written with " +
+                                                  std::to_string(tensors.size()));
+  written_shard out = std::move(plan.shard);
+  const auto& jobs = plan.chunks;
+  const std::uint64_t largest = plan.largest;
   // The pipeline's items: runs of consecutive chunks of at most `cap` bytes (1 MiB, or a quarter
   // of the buffer memory if less, so that several items are in flight; never less than the
   // largest chunk), each with the buffer space it needs besides its staged bytes (all of them,
@@ -153,11 +186,11 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
   if constexpr (!in_place)
     for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(most_staged), device);  // borrowed once, here
 
-  auto w = storage.create(join_key(tag, path));
+  auto w = storage.create(join_key(tag, out.path));
   if constexpr (reserves_space<decltype(w)>) {
     // Raw chunks have known sizes: the file up to its footer index is known before the first
     // write, laid out as the appending stage below lays it out.
-    if (std::all_of(jobs.begin(), jobs.end(), [](const chunk_job& j) { return j.codec == 0; })) {
+    if (std::all_of(jobs.begin(), jobs.end(), [](const shard_chunk& j) { return j.codec == 0; })) {
       std::uint64_t end = header_bytes;
       for (const auto& j : jobs) end = chunk_start(end, j.slice.bytes) + j.slice.bytes;
       end = align_up(end);
@@ -178,7 +211,6 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
       pos += n;
     }
   };
-  shape_t global_offset;
   run_pipeline(
       items.size(), ring.size(), workers,
       [&](std::size_t i, std::size_t s) {  // stage, on this thread
@@ -240,12 +272,11 @@ written_shard write_shard(S& storage, const std::string& tag, const std::string&
         for (auto k = it.first; k < it.last; ++k) {
           const auto& j = jobs[k];
           const auto stored = sl.stored[k - it.first];
-          const auto base = tensors[j.tensor].ref.global_offset();
-          global_offset.resize(base.size());
-          for (std::size_t d = 0; d < base.size(); ++d) global_offset[d] = base[d] + j.slice.offset[d];
           pad_to(chunk_start(pos, stored.size()));  // smaller chunks follow the one before at once
-          out.index.tensors[j.tensor].chunks.push(0, global_offset, j.slice.shape, j.codec, pos, stored.size(),
-                                                  sl.hash[k - it.first]);
+          auto& table = out.index.tensors[j.tensor].chunks;
+          table.file_offset[j.row] = pos;
+          table.stored_size[j.row] = stored.size();
+          table.xxh3[j.row] = sl.hash[k - it.first];
           w.write(stored);
           pos += stored.size();
         }

@@ -217,19 +217,17 @@ class tag_store {
     }
   }
 
-  /// Merges the ranks' reports, checks the tiling, writes chunk_map.bin, metadata.json (the
-  /// commit point), then `latest`.
-  void commit(const std::string& tag, std::uint64_t iteration, const topology& topo, const config& cfg,
-              const std::vector<std::vector<std::byte>>& reports) {
-    auto md = merge_reports(tag, iteration, topo, cfg, reports);
+  /// Writes chunk_map.bin, metadata.json (the commit point), then `latest`, for the metadata
+  /// merged from the ranks' reports (merge_reports), its tiling checked.
+  void commit(metadata& md) {
     {
-      auto w = storage_->create(join_key(tag, md.chunk_map.path));
+      auto w = storage_->create(join_key(md.tag, md.chunk_map.path));
       write_chunk_map(md, w, chunk_map_staging_);
       w.sync();
       w.publish();
     }
-    write_file(metadata_key(tag), encode_metadata(md));  // the commit point
-    write_file(std::string(latest_file), encode_latest(tag));
+    write_file(metadata_key(md.tag), encode_metadata(md));  // the commit point
+    write_file(std::string(latest_file), encode_latest(md.tag));
   }
 
   /// What the retention rule deletes, in the order it deletes them: temporary `latest` files

@@ -188,17 +188,31 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
   detail::collective(comm, [&] {
     if (comm.rank() == 0) tags_->prepare(plan.tag, plan.overwrite);
   });
+  // Every chunk's place in its tensor is known before the first byte is written, so the ranks
+  // report their files' plans first and rank 0 merges them while the bytes are written; after
+  // writing, only the files' sizes and index checksums and the values' places follow. What
+  // ranks have in common reaches rank 0 once: only the lowest rank of each schema sends it.
+  std::optional<detail::shard_plan> own;
+  detail::collective(comm, [&] {
+    own = plan_own_shard(plan, !detail::receives_through_gather<Policy>(plan) && detail::has_host_view<Dev>);
+  });
+  const auto summary = detail::summarize(own ? &own->shard : nullptr, plan.held);
+  const auto report = detail::encode_report(summary, detail::sends_schema(comm, summary));
+  const auto reports = comm.gather(detail::as_bytes(report), 0);
+  detail::background_merge merge;  // declared after `reports`, which it reads: joined first
+  if (comm.rank() == 0) merge.start(plan.tag, plan.iteration, policy_.topology(), plan.config, reports);
   comm.barrier();
   std::optional<detail::written_shard> written;
   detail::collective(comm, [&] {
-    detail::through_gather<Policy>(comm, plan, device, [&](auto& via) { written = write_own_shard(plan, via); });
+    detail::through_gather<Policy>(comm, plan, device, [&](auto& via) { written = write_own_shard(plan, own, via); });
   });
-  // What ranks have in common reaches rank 0 once: only the lowest rank of each schema sends it.
-  const auto summary = detail::summarize(written, plan.held);
-  const auto report = detail::encode_report(summary, detail::sends_schema(comm, summary));
-  auto reports = comm.gather(detail::as_bytes(report), 0);
+  const auto facts = detail::encode_written(written ? &*written : nullptr);
+  const auto all_facts = comm.gather(detail::as_bytes(facts), 0);
   detail::collective(comm, [&] {
-    if (comm.rank() == 0) tags_->commit(plan.tag, plan.iteration, policy_.topology(), plan.config, reports);
+    if (comm.rank() != 0) return;
+    auto md = merge.get();
+    detail::attach_written(md, all_facts);
+    tags_->commit(md);
   });
   detail::collective(comm, [&] {
     if (comm.rank() == 0) tags_->remove(tags_->retention_victims(plan.tag, options_.keep_last_n));
@@ -206,8 +220,7 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
 }
 
 template <class Policy, class Store, class Enc, class Device>
-template <class Dev>
-std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::write_own_shard(const detail::save_plan& plan, Dev& device) {
+std::optional<detail::shard_plan> checkpointer<Policy, Store, Enc, Device>::plan_own_shard(const detail::save_plan& plan, bool boxes) {
   const auto path = policy_.shard_file();
   if (!path) {
     if (!plan.mine.empty() || !plan.values.empty())
@@ -216,9 +229,18 @@ std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::w
     return std::nullopt;
   }
   detail::check_key(*path);
-  const auto rank = static_cast<std::uint32_t>(policy_.communicator().rank());
-  return detail::write_shard(storage_, plan.tag, *path, rank, plan.mine, plan.values, codec_, device,
-                             detail::write_settings{save_chunking(), options_.threads, options_.buffer_bytes});
+  auto cut = save_chunking();
+  cut.boxes = boxes;
+  return detail::plan_shard(*path, static_cast<std::uint32_t>(policy_.communicator().rank()), plan.mine, codec_, cut);
+}
+
+template <class Policy, class Store, class Enc, class Device>
+template <class Dev>
+std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::write_own_shard(
+    const detail::save_plan& plan, std::optional<detail::shard_plan>& own, Dev& device) {
+  if (!own) return std::nullopt;
+  return detail::write_shard(storage_, plan.tag, std::move(*own), plan.mine, plan.values, codec_, device,
+                             detail::write_settings{options_.threads, options_.buffer_bytes});
 }
 
 template <class Policy, class Store, class Enc, class Device>

@@ -130,7 +130,7 @@ inline std::string saved_as(const schema_entry& e) {
 
 }  // namespace report_impl
 
-CKPT_DECL rank_summary summarize(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
+CKPT_DECL rank_summary summarize(const written_shard* w, const std::vector<std::string>& held) {
   using namespace report_impl;
   out schema, own, lists;
   schema.put<std::uint8_t>(1);
@@ -235,6 +235,57 @@ CKPT_DECL std::string encode_report(const rank_summary& s, bool with_schema) {
   o.put<std::uint8_t>(with_schema ? 1 : 0);
   if (with_schema) o.str(s.schema);
   return std::move(o.s);
+}
+
+CKPT_DECL std::string encode_written(const written_shard* w) {
+  report_impl::out o;
+  o.put<std::uint8_t>(1);  // the byte-order flag bounded_reader expects
+  o.put<std::uint8_t>(w ? 1 : 0);
+  if (!w) return std::move(o.s);
+  o.put(w->size);
+  o.put(w->index_xxh3);
+  o.put<std::uint64_t>(w->index.values.size());
+  for (const auto& v : w->index.values) {
+    o.str(v.name);
+    o.put(v.rank);
+    o.put(v.file_offset);
+    o.put(v.size);
+    o.put(v.xxh3);
+  }
+  return std::move(o.s);
+}
+
+CKPT_DECL void attach_written(metadata& md, const std::vector<std::vector<std::byte>>& written) {
+  std::size_t f = 0;  // md.files are in rank order, one per rank that planned a file
+  for (std::size_t r = 0; r < written.size(); ++r) {
+    const auto rank = static_cast<std::uint32_t>(r);
+    bounded_reader rd(written[r], "what rank " + std::to_string(r) + " reported after writing", error_kind::communication);
+    const bool has_file = rd.u8() != 0;
+    const bool planned = f < md.files.size() && md.files[f].rank == rank;
+    if (has_file != planned)
+      rd.fail(has_file ? "it wrote a file it did not plan" : "it planned a file but wrote none");
+    if (!has_file) {
+      if (rd.remaining()) rd.fail(std::to_string(rd.remaining()) + " stray bytes at its end");
+      continue;
+    }
+    md.files[f].size = rd.u64();
+    md.files[f].index_xxh3 = rd.u64();
+    const auto n = rd.count(36, "value");
+    for (std::uint64_t i = 0; i < n; ++i) {
+      value_meta v;
+      v.name = rd.string();
+      v.rank = rd.u32();
+      v.file = static_cast<std::uint32_t>(f);
+      v.file_offset = rd.u64();
+      v.size = rd.u64();
+      v.xxh3 = rd.u64();
+      md.values.push_back(std::move(v));
+    }
+    if (rd.remaining()) rd.fail(std::to_string(rd.remaining()) + " stray bytes at its end");
+    ++f;
+  }
+  if (f != md.files.size())
+    throw error(error_kind::communication, std::to_string(md.files.size() - f) + " planned shard files were not reported written");
 }
 
 CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
