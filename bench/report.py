@@ -332,7 +332,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         ("save of 100,000 MoE-like tensors (4 GiB) / the same bytes as one tensor", "≤ 1.1", 1.1, False,
          res["many_tensors"]["many_tensors_save_ratio"], "bf16"),
         ("cold load of the same / one tensor's", "≤ 1.1", 1.1, False, res["many_tensors"]["many_tensors_load_ratio"], "bf16"),
-        ("save of the 100,000 names alone / the save", "≤ 0.05", 0.05, False,
+        ("the same save's metadata on its critical path (before the file's first byte, after it is published) "
+         "/ the save", "≤ 0.05", 0.05, False, res["many_tensors"]["many_tensors_metadata_share"], "bf16"),
+        ("a save of the 100,000 names alone (no bytes to merge behind) / the save", "", 0.05, False,
          res["many_tensors"]["many_tensors_names_share"], "bf16"),
         ("resharded load tp 4 -> 3: bytes read / needed, worst rank (default chunks and blocks)", "≤ 1.1", 1.1, False,
          res["reshard"]["reshard_worst_fc1_by_rows_tp3_4096kib_16blocks"], "rows split"),
@@ -643,14 +645,18 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "all (the issue's sizes cannot all hold: 100,000 tensors of 64 KiB are 6.1 GiB; so experts of 16-64 KiB and "
       "four embeddings of 1/16 of the total each), against the same bytes as one tensor, each saved from a settled "
       "disk and loaded cold in an order that rotates; and a save of the same 100,000 names with one element each, "
-      "which costs what planning, indexing and committing them costs without the bytes. Medians of the runs' "
-      "ratios.\n")
-    w("| save, many / one | cold load, many / one | names-only save / the save | per tensor: save µs | load µs | "
-      "names-only save µs |")
-    w("|---:|---:|---:|---:|---:|---:|")
+      "which costs what planning, indexing and committing them costs without the bytes. *Metadata on the critical "
+      "path*: the part of the save of the 100,000 tensors before its shard file's first byte (planning) and after "
+      "the file is published (the commit), timed through a Storage that notes both; rank 0 merges the commit's "
+      "metadata while the file is written. Medians of the runs' ratios.\n")
+    w("| save, many / one | cold load, many / one | metadata on the critical path / the save | names-only save / the save "
+      "| per tensor: save µs | load µs | metadata on the critical path µs | names-only save µs |")
+    w("|---:|---:|---:|---:|---:|---:|---:|---:|")
     w(f"| {med(mt, 'many_tensors_save_ratio'):.2f} | {med(mt, 'many_tensors_load_ratio'):.2f} | "
+      f"{med(mt, 'many_tensors_metadata_share'):.3f} | "
       f"{med(mt, 'many_tensors_names_share'):.3f} | {med(mt, 'many_tensors_save_us'):.1f} | "
-      f"{med(mt, 'many_tensors_load_us'):.1f} | {med(mt, 'many_tensors_names_us'):.1f} |")
+      f"{med(mt, 'many_tensors_load_us'):.1f} | {med(mt, 'many_tensors_metadata_us'):.1f} | "
+      f"{med(mt, 'many_tensors_names_us'):.1f} |")
     w("")
     mn = res["many_names"]
     w(f"The names alone on a tmpfs (`build/bench/many_tensors_io --names-only --dir /dev/shm --runs {a.runs}`: "
