@@ -942,6 +942,36 @@ TEST_CASE("a load from the disk reads small tensors saved one after another as r
   CHECK(test::resident_pages(shard) < 64);  // header, index and footer with the kernel's readahead
 }
 
+TEST_CASE("a run of small chunks whose start is in the page cache is still read with O_DIRECT") {
+  // Chunks at the start of a run may be cached before the load reads them: another reader's,
+  // or what the kernel read ahead after the file's header was read through the cache. Were
+  // each such chunk read through the cache, every read would have the kernel read further
+  // ahead, the next chunk would be cached by the time it is asked for, and the whole run would
+  // pass through the page cache (the test above failed that way when the load came late).
+  // Here the first 128 KiB are read (with the kernel's readahead) before the load.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  many_small saved, back;
+  for (std::size_t i = 0; i < saved.w.size(); ++i) test::fill_random(saved.w[i], static_cast<unsigned>(i));
+  for (auto& t : back.w) std::fill(t.begin(), t.end(), 0.f);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  REQUIRE(test::drop_from_cache(shard));
+  {
+    std::ifstream f(shard, std::ios::binary);
+    std::vector<char> start(128 * 1024);
+    f.read(start.data(), static_cast<std::streamsize>(start.size()));
+  }
+  REQUIRE(test::resident_pages(shard) >= 32);
+  const auto got = record([&] { cp.load(back); });
+  CHECK(back.w == saved.w);
+  const auto direct = std::count_if(got.begin(), got.end(), [](const call& c) { return c.o_direct; });
+  CHECK(direct >= 1);
+  // What was cached, the kernel's readahead after it, and the footer: not the 600 pages of the file.
+  CHECK(test::resident_pages(shard) < 300);
+}
+
 TEST_CASE("a posix writer told the file's size allocates it once and has nothing to cut off") {
   // ext4 waits for the O_DIRECT writes in flight before each fallocate, and cutting off space
   // allocated past the end can take a large share of a save: a reserved file needs neither.

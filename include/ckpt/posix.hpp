@@ -285,6 +285,12 @@ class posix {
     }
 
    private:
+    /// From now on every read goes through the page cache, with the kernel's readahead back on
+    /// (open_reader turns it off while O_DIRECT reads the bytes not cached).
+    void use_page_cache() const noexcept {
+      direct_ = false;
+      (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
+    }
     static constexpr std::size_t direct_alignment = 4096;
     /// Smaller reads (headers, footers, values) go through the page cache, unless they are
     /// pieces of a larger range announced with will_read.

@@ -304,6 +304,15 @@ CKPT_DECL posix::reader posix::open_reader(std::string_view key) const {
     if (err == ENOENT) throw error(error_kind::not_found, "no such file: " + p.string());
     throw detail::posix_error("open", p.string(), err);
   }
+  if (options_.direct_reads) {
+    // No readahead on the descriptor that reads through the page cache while bytes not cached
+    // come with O_DIRECT: what the kernel read ahead after a shard file's header would be
+    // cached by the time the first chunks are asked for, so they would be read through the
+    // cache, each such read having the kernel read further ahead, and a whole run of small
+    // chunks would pass through the page cache instead of O_DIRECT. Large reads through the
+    // cache still go to the disk as large requests. Restored where O_DIRECT is refused.
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+  }
   return reader(fd, std::move(p), options_.direct_reads);
 }
 
@@ -382,7 +391,7 @@ CKPT_DECL bool posix::reader::cached(std::uint64_t offset, std::size_t bytes) co
     if (::fstat(fd_, &st) != 0 || st.st_size <= 0) return true;
     void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, fd_, 0);
     if (m == MAP_FAILED) {  // no mapping, no residency: the page cache it is
-      direct_ = false;
+      use_page_cache();
       return true;
     }
     map_ = m;
@@ -414,11 +423,22 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
       hint_cached_ = cached(hint_.first, hint_.second - hint_.first) ? residency::all : residency::not_all;
     if (hint_cached_ == residency::all) return false;
   }
-  if (cached(offset, out.size())) return false;
+  if (cached(offset, out.size())) {
+    // A cached piece of a range that was not all cached: read the range with O_DIRECT from
+    // here, unless all of it is cached by now. Reading such pieces through the cache one by one
+    // has the kernel read further ahead at each, so the next piece is cached by the time it is
+    // asked for, and a few cached chunks at the start of a run (another reader's, or the
+    // kernel's readahead after the file's header was read) took the whole run through the cache.
+    if (!announced) return false;
+    if (cached(hint_.first, hint_.second - hint_.first)) {
+      hint_cached_ = residency::all;
+      return false;
+    }
+  }
   if (direct_fd_ < 0) {
     direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (direct_fd_ < 0) {
-      direct_ = false;
+      use_page_cache();
       return false;
     }
     block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
@@ -436,7 +456,7 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EINVAL && first && got == 0) {
-          direct_ = false;  // refused before anything was copied out: the page cache instead
+          use_page_cache();  // refused before anything was copied out: the page cache instead
           return false;
         }
         throw detail::posix_error("read", path_.string(), errno);
