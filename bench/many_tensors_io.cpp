@@ -27,6 +27,9 @@
 
 #include "workload.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -87,6 +90,38 @@ class stamped_posix : public ckpt::posix {
 };
 static_assert(ckpt::Storage<stamped_posix>);
 
+/// The share of the pages of the files under `dir` that are in the page cache: after a cold
+/// load, what the load read through the cache rather than with O_DIRECT (and the kernel's
+/// readahead around it).
+double cached_share(const std::filesystem::path& dir) {
+  std::uint64_t pages = 0, resident = 0;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.file_size() == 0) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const auto bytes = static_cast<std::size_t>(e.file_size());
+    if (void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0); m != MAP_FAILED) {
+      std::vector<unsigned char> in((bytes + page - 1) / page);
+      if (::mincore(m, bytes, in.data()) == 0) {
+        pages += in.size();
+        for (const auto p : in) resident += p & 1;
+      }
+      ::munmap(m, bytes);
+    }
+    ::close(fd);
+  }
+  return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 0;
+}
+
+/// Minor page faults of this process so far: memory touched for the first time (or again after
+/// glibc handed it back to the kernel), which the kernel must find and zero a page for.
+std::uint64_t page_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_minflt);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -138,21 +173,25 @@ int names_alone(const std::filesystem::path& dir, state names, int runs) {
   const auto where = dir / ("ckpt-names-" + std::to_string(::getpid()));
   std::vector<double> save, load, before, after;
   double save_allocs = 0, load_allocs = 0;  // the same in every run
+  std::vector<double> save_faults, load_faults;
   for (int r = 0; r <= runs; ++r) {
     std::filesystem::remove_all(where);
     stamped_posix disk(where);
     ckpt::checkpointer<ckpt::single_process, stamped_posix> cp{{}, disk};
     const auto a0 = allocations.load();
+    const auto f0 = page_faults();
     auto t0 = clock_type::now();
     cp.save(1, names);
     const double s = since(t0);
     const auto a1 = allocations.load();
+    const auto f1 = page_faults();
     const double b = std::chrono::duration<double>(disk.last().created - t0).count();
     const double a = s - std::chrono::duration<double>(disk.last().published - t0).count();
     t0 = clock_type::now();
     cp.load(names);
     const double l = since(t0);
     const auto a2 = allocations.load();
+    const auto f2 = page_faults();
     const double n = static_cast<double>(names.tensors.size());
     std::printf("run %d: names-only save %.3f s (%.2f us per tensor; before its file %.3f s, after it %.3f s), load %.3f s (%.2f us "
                 "per tensor)\n",
@@ -162,12 +201,16 @@ int names_alone(const std::filesystem::path& dir, state names, int runs) {
     std::printf("many_tensors_names_us %.6g\nmany_tensors_names_load_us %.6g\n", save.back(), load.back());
     std::printf("many_tensors_names_before_file_us %.6g\nmany_tensors_names_after_file_us %.6g\n", before.back(), after.back());
     save_allocs = static_cast<double>(a1 - a0) / n, load_allocs = static_cast<double>(a2 - a1) / n;
+    save_faults.push_back(static_cast<double>(f1 - f0) / n), load_faults.push_back(static_cast<double>(f2 - f1) / n);
+    std::printf("many_tensors_names_save_faults %.4g\nmany_tensors_names_load_faults %.4g\n", save_faults.back(),
+                load_faults.back());
     std::printf("many_tensors_names_save_allocs %.4g\nmany_tensors_names_load_allocs %.4g\n", save_allocs, load_allocs);
   }
   std::filesystem::remove_all(where);
   std::printf("median of runs 1-%d, per tensor: names-only save %.2f us (before its file %.2f, after it %.2f), load %.2f us; "
-              "allocations per tensor: save %.2f, load %.2f\n",
-              runs, median(save), median(before), median(after), median(load), save_allocs, load_allocs);
+              "allocations per tensor: save %.2f, load %.2f; minor page faults per tensor: save %.3f, load %.3f\n",
+              runs, median(save), median(before), median(after), median(load), save_allocs, load_allocs, median(save_faults),
+              median(load_faults));
   return 0;
 }
 
@@ -225,7 +268,7 @@ int main(int argc, char** argv) {
   std::printf("%4s %12s %12s %8s %12s %12s %8s %12s %13s %12s\n", "run", "many_save_s", "one_save_s", "ratio", "many_load_s",
               "one_load_s", "ratio", "names_save_s", "many_meta_s", "one_meta_s");
   for (int r = 0; r <= runs; ++r) {  // run 0 warms up
-    double saved[3] = {}, loaded[3] = {}, metadata[3] = {}, before[3] = {};
+    double saved[3] = {}, loaded[3] = {}, metadata[3] = {}, before[3] = {}, cached[3] = {};
     for (int k = 0; k < 3; ++k) {
       const int j = (r + k) % 3;
       const auto where = root / jobs[j].name;
@@ -246,6 +289,7 @@ int main(int argc, char** argv) {
       t0 = clock_type::now();
       cp.load(*jobs[j].s);  // into the same buffers: every chunk is still read and verified
       loaded[j] = since(t0);
+      cached[j] = cached_share(where);
       std::filesystem::remove_all(where);
     }
     std::printf("%4d %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f %12.3f %13.3f %12.3f\n", r, saved[0], saved[1], saved[0] / saved[1],
@@ -262,6 +306,7 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(many.tensors.size());  // what each tensor adds, in microseconds
     std::printf("many_tensors_save_us %.6g\nmany_tensors_load_us %.6g\nmany_tensors_names_us %.6g\n",
                 (saved[0] - saved[1]) / n * 1e6, (loaded[0] - loaded[1]) / n * 1e6, saved[2] / n * 1e6);
+    std::printf("many_tensors_cached_after_load %.6g\none_tensor_cached_after_load %.6g\n", cached[0], cached[1]);
     std::printf("many_tensors_metadata_us %.6g\nmany_tensors_metadata_before_file_s %.6g\nmany_tensors_metadata_after_file_s %.6g\n",
                 metadata[0] / n * 1e6, before[0], metadata[0] - before[0]);
   }

@@ -61,7 +61,9 @@ CKPT_DECL void check_tensor(const std::string& name, const tensor_ref& t);
 template <class Policy, class Device>
 void collect_state(save_plan& plan, visitor& v, const Policy& policy, const Device& device, const save_options& opts,
                    int rank) {
-  for (auto& t : v.take_tensors()) {
+  auto tensors = v.take_tensors();
+  plan.mine.reserve(plan.mine.size() + tensors.size());  // a rank usually writes what it holds
+  for (auto& t : tensors) {
     check_tensor(t.name, t.ref);
     if (!device.accepts(t.ref.where()))
       throw error(error_kind::invalid_argument, "tensor " + printable(t.name) +
