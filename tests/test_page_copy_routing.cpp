@@ -919,6 +919,17 @@ struct many_small {
     for (std::size_t i = 0; i < w.size(); ++i) v.tensor("expert." + std::to_string(i), w[i]);
   }
 };
+
+/// `saved` (random values) saved to `dir` by `cp`, and its shard file, dropped from the page
+/// cache; `back` zeroed, to load into.
+std::filesystem::path save_many_small(const test::temp_dir& dir, ckpt::checkpointer<>& cp, many_small& saved, many_small& back) {
+  for (std::size_t i = 0; i < saved.w.size(); ++i) test::fill_random(saved.w[i], static_cast<unsigned>(i));
+  for (auto& t : back.w) std::fill(t.begin(), t.end(), 0.f);
+  cp.save(1, saved);
+  auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  REQUIRE(test::drop_from_cache(shard));
+  return shard;
+}
 }  // namespace
 
 TEST_CASE("a load from the disk reads small tensors saved one after another as runs of O_DIRECT reads") {
@@ -928,12 +939,8 @@ TEST_CASE("a load from the disk reads small tensors saved one after another as r
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
   many_small saved, back;
-  for (std::size_t i = 0; i < saved.w.size(); ++i) test::fill_random(saved.w[i], static_cast<unsigned>(i));
-  for (auto& t : back.w) std::fill(t.begin(), t.end(), 0.f);
   ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
-  cp.save(1, saved);
-  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
-  REQUIRE(test::drop_from_cache(shard));
+  const auto shard = save_many_small(dir, cp, saved, back);
   const auto got = record([&] { cp.load(back); });
   CHECK(back.w == saved.w);
   const auto direct = std::count_if(got.begin(), got.end(), [](const call& c) { return c.o_direct; });
@@ -952,12 +959,8 @@ TEST_CASE("a run of small chunks whose start is in the page cache is still read 
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
   many_small saved, back;
-  for (std::size_t i = 0; i < saved.w.size(); ++i) test::fill_random(saved.w[i], static_cast<unsigned>(i));
-  for (auto& t : back.w) std::fill(t.begin(), t.end(), 0.f);
   ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
-  cp.save(1, saved);
-  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
-  REQUIRE(test::drop_from_cache(shard));
+  const auto shard = save_many_small(dir, cp, saved, back);
   {
     std::ifstream f(shard, std::ios::binary);
     std::vector<char> start(128 * 1024);

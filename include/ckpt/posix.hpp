@@ -242,7 +242,15 @@ class posix {
   /// serves one thread at a time; several readers of one file may read at once.
   class reader {
    public:
-    reader(int fd, std::filesystem::path p, bool direct = false) noexcept : fd_(fd), path_(std::move(p)), direct_(direct) {}
+    reader(int fd, std::filesystem::path p, bool direct = false) noexcept : fd_(fd), path_(std::move(p)), direct_(direct) {
+      // No readahead on the descriptor that reads through the page cache while bytes not
+      // cached come with O_DIRECT: what the kernel read ahead after a shard file's header would
+      // be cached by the time the first chunks are asked for, each read of those through the
+      // cache would have it read further ahead, and a whole run of small chunks would pass
+      // through the page cache. Large reads through the cache still go to the disk as large
+      // requests. use_page_cache() turns readahead back on.
+      if (direct_) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+    }
     reader(reader&& o) noexcept
         : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), direct_(o.direct_), in_place_(o.in_place_),
           direct_fd_(std::exchange(o.direct_fd_, -1)), map_(std::exchange(o.map_, nullptr)),
@@ -286,7 +294,7 @@ class posix {
 
    private:
     /// From now on every read goes through the page cache, with the kernel's readahead back on
-    /// (open_reader turns it off while O_DIRECT reads the bytes not cached).
+    /// (the constructor turns it off while O_DIRECT reads the bytes not cached).
     void use_page_cache() const noexcept {
       direct_ = false;
       (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);

@@ -141,12 +141,6 @@ void gather_plan(Comm& comm, save_plan& plan, Dev& device, const chunking& how) 
   }
 }
 
-/// Save, where bytes leave the tensors (the snapshot, or the write): runs `use(dev)` with the
-/// device rank 0 stages its tensors through. Under a streamed gather, a rank first sends what
-/// it streams to rank 0, and rank 0's device is a receiving_device that takes the other ranks'
-/// bytes as the stage asks for them; should the stage fail or leave some unread, what is left
-/// is drained so that no rank stays blocked in a send. Afterwards every tensor of the plan is
-/// this rank's own. Otherwise `use(device)`.
 /// Whether through_gather runs its stage on a receiving_device (rank 0 of a streamed gather,
 /// with other ranks' bytes still to come) rather than on the device it is given. A receiving
 /// device has no host view, so the shard file's plan makes no blocks of columns.
@@ -158,6 +152,12 @@ bool receives_through_gather(const save_plan& plan) {
     return (void)plan, false;
 }
 
+/// Save, where bytes leave the tensors (the snapshot, or the write): runs `use(dev)` with the
+/// device rank 0 stages its tensors through. Under a streamed gather, a rank first sends what
+/// it streams to rank 0, and rank 0's device is a receiving_device that takes the other ranks'
+/// bytes as the stage asks for them; should the stage fail or leave some unread, what is left
+/// is drained so that no rank stays blocked in a send. Afterwards every tensor of the plan is
+/// this rank's own. Otherwise `use(device)`.
 template <class Policy, class Comm, class Dev, class Use>
 void through_gather(Comm& comm, save_plan& plan, Dev& device, Use&& use) {
   if constexpr (streams<Policy>) {

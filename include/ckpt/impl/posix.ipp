@@ -304,15 +304,6 @@ CKPT_DECL posix::reader posix::open_reader(std::string_view key) const {
     if (err == ENOENT) throw error(error_kind::not_found, "no such file: " + p.string());
     throw detail::posix_error("open", p.string(), err);
   }
-  if (options_.direct_reads) {
-    // No readahead on the descriptor that reads through the page cache while bytes not cached
-    // come with O_DIRECT: what the kernel read ahead after a shard file's header would be
-    // cached by the time the first chunks are asked for, so they would be read through the
-    // cache, each such read having the kernel read further ahead, and a whole run of small
-    // chunks would pass through the page cache instead of O_DIRECT. Large reads through the
-    // cache still go to the disk as large requests. Restored where O_DIRECT is refused.
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-  }
   return reader(fd, std::move(p), options_.direct_reads);
 }
 
