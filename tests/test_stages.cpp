@@ -8,11 +8,14 @@
 #include <ckpt/detail/gather.hpp>
 #include <ckpt/detail/restore_plan.hpp>
 #include <ckpt/detail/save_plan.hpp>
+#include <ckpt/detail/table_memory.hpp>
 #include <ckpt/detail/tag_store.hpp>
 #include <ckpt/detail/validation_logits.hpp>
 #include <ckpt/megatron.hpp>
 #include <ckpt/memory_storage.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -307,4 +310,52 @@ TEST_CASE("values: a number is stored as cereal's PortableBinary archive stores 
   auto bad_bool = through_cereal(true);
   bad_bool[1] = std::byte{7};
   CHECK_THROWS_WITH_AS(ckpt::detail::decode_value(bad_bool, flag, "value 'flag'"), doctest::Contains("is not a bool"), ckpt::error);
+}
+
+namespace {
+
+/// The VmFlags line of the mapping in /proc/self/smaps that holds address `p` ("" when none).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') > line.find('-')) {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && line.starts_with("VmFlags:")) return line;
+  }
+  return "";
+}
+
+struct table_row {
+  std::uint64_t words[5] = {};
+};
+
+}  // namespace
+
+TEST_CASE("table memory: tables of 2 MiB or more are in whole 2 MiB blocks advised as huge pages, smaller ones as usual") {
+  namespace d = ckpt::detail;
+  d::table_vector<table_row> small(1000);  // 40 KB
+  CHECK(reinterpret_cast<std::uintptr_t>(small.data()) % alignof(table_row) == 0);
+  d::table_vector<table_row> big;
+  for (std::uint64_t i = 0; i < 200'000; ++i) big.push_back({{i, i + 1, i + 2, i + 3, i + 4}});  // 8 MB, through several growths
+  CHECK(reinterpret_cast<std::uintptr_t>(big.data()) % (std::uintptr_t{2} << 20) == 0);
+  bool same = true;
+  for (std::uint64_t i = 0; i < big.size(); ++i) same = same && big[i].words[0] == i && big[i].words[4] == i + 4;
+  CHECK(same);
+  d::table_vector<table_row> copy = big;  // copies and moves keep the allocator (stateless)
+  CHECK(copy.size() == big.size());
+  CHECK(copy[199'999].words[2] == 200'001);
+  // Where the kernel has transparent huge pages, the big table's mapping carries the advice
+  // ("hg" in its VmFlags); the small one's does not.
+  if (std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    const auto flags = vm_flags_of(big.data());
+    INFO("VmFlags of the big table: " << flags);
+    CHECK(flags.find(" hg") != std::string::npos);
+  }
 }

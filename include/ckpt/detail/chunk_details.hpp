@@ -80,7 +80,7 @@ std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::
   std::uint64_t bytes = 0;
   // Per tensor, the chunks this file's footer lists (a gathering writer lists a tensor once
   // per rank it gathered from).
-  std::vector<chunk_table> found(md.tensors.size());
+  table_vector<chunk_table> found(md.tensors.size());
   chunk_table expected;
   for (std::uint32_t f = 0; f < files.size(); ++f) {
     if (!files[f]) continue;

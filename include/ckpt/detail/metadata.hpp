@@ -30,6 +30,7 @@
 #include "hash.hpp"
 #include "keys.hpp"
 #include "span_stream.hpp"
+#include "table_memory.hpp"
 
 #include "../impl/decl.hpp"
 
@@ -86,7 +87,7 @@ struct metadata {
   ckpt::topology topology;
   ckpt::config config;
   std::vector<file_meta> files;
-  std::vector<tensor_meta> tensors;
+  table_vector<tensor_meta> tensors;  // 560 bytes each: 56 MB for 100,000 tensors (table_memory.hpp)
   std::vector<value_meta> values;
   chunk_map_meta chunk_map;
 };

@@ -1,0 +1,67 @@
+#pragma once
+// Memory for the tables a save or a load keeps with one entry per tensor. A model of 100,000
+// tensors gives each such table tens of MB (metadata::tensors alone: 56 MB), allocated afresh by
+// every save and load, and the kernel maps fresh memory one 4 KiB page at a time, on first
+// touch. On a virtual machine each of those page faults can cost tens of microseconds, and
+// filling such a table took longer than parsing the JSON it came from (docs/performance.md,
+// "Many tensors on the disk": what this changed).
+//
+// So a table of 2 MiB or more is placed in whole 2 MiB-aligned blocks (at most 2 MiB more than
+// it needs), and the kernel is asked to back them with transparent huge pages
+// (madvise(MADV_HUGEPAGE): THP mode "madvise" gives huge pages only where asked, "always"
+// everywhere it can). Where the kernel has no huge page to give, or THP is off, the advice is
+// ignored and the table is in ordinary pages, as before. Smaller tables come from operator new
+// as usual.
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace ckpt::detail {
+
+/// A std::allocator for per-tensor tables: blocks of `huge_page_bytes` or more are 2 MiB
+/// aligned, rounded up to whole 2 MiB, and advised to the kernel as huge-page memory.
+template <class T>
+struct table_allocator {
+  using value_type = T;
+  static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+  table_allocator() = default;
+  template <class U>
+  table_allocator(const table_allocator<U>&) noexcept {}
+
+  T* allocate(std::size_t n) {
+    if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
+    const auto bytes = n * sizeof(T);
+    if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    const auto whole = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+    void* p = std::aligned_alloc(huge_page_bytes, whole);
+    if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)::madvise(p, whole, MADV_HUGEPAGE);  // advice only: refused or ignored, the pages are ordinary ones
+#endif
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (n * sizeof(T) < huge_page_bytes)
+      ::operator delete(p, std::align_val_t{alignof(T)});
+    else
+      std::free(p);
+  }
+
+  template <class U>
+  bool operator==(const table_allocator<U>&) const noexcept {
+    return true;  // stateless: any one frees what another allocated
+  }
+};
+
+/// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
+template <class T>
+using table_vector = std::vector<T, table_allocator<T>>;
+
+}  // namespace ckpt::detail
