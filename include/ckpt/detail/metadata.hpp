@@ -87,7 +87,7 @@ struct metadata {
   ckpt::topology topology;
   ckpt::config config;
   std::vector<file_meta> files;
-  table_vector<tensor_meta> tensors;  // 560 bytes each: 56 MB for 100,000 tensors (table_memory.hpp)
+  table_vector<tensor_meta> tensors;  // hundreds of bytes each: tens of MB for 100,000 tensors (table_memory.hpp)
   std::vector<value_meta> values;
   chunk_map_meta chunk_map;
 };
