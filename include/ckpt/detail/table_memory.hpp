@@ -14,7 +14,6 @@
 // as usual.
 
 #include <cstddef>
-#include <cstdlib>
 #include <new>
 #include <vector>
 
@@ -36,27 +35,28 @@ struct table_allocator {
   table_allocator(const table_allocator<U>&) noexcept {}
 
   T* allocate(std::size_t n) {
-    if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
+    if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
     const auto bytes = n * sizeof(T);
     if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
-    const auto whole = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-    void* p = std::aligned_alloc(huge_page_bytes, whole);
-    if (!p) throw std::bad_alloc();
+    const auto whole = round_up(bytes);
+    void* p = ::operator new(whole, std::align_val_t{huge_page_bytes});  // the aligned new staging_buffer uses
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     (void)::madvise(p, whole, MADV_HUGEPAGE);  // advice only: refused or ignored, the pages are ordinary ones
 #endif
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    if (n * sizeof(T) < huge_page_bytes)
-      ::operator delete(p, std::align_val_t{alignof(T)});
-    else
-      std::free(p);
+    ::operator delete(p, std::align_val_t{n * sizeof(T) < huge_page_bytes ? alignof(T) : huge_page_bytes});
   }
 
   template <class U>
   bool operator==(const table_allocator<U>&) const noexcept {
     return true;  // stateless: any one frees what another allocated
+  }
+
+ private:
+  static std::size_t round_up(std::size_t bytes) noexcept {
+    return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
   }
 };
 
