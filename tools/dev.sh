@@ -52,6 +52,39 @@ install_s3rver() {
   (cd tests/s3 && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 }
 
+# Runs each argument as a command line, as many at a time as the machine has cores, and prints
+# each one's output when it ends; fails if any failed. The sanitizer runs below each keep about
+# one core busy, so two cores run them in about half the time one after another takes
+# (docs/performance.md, "CI's time"). Give the longest first: a command starts when one ends.
+run_side_by_side() {
+  local slots
+  slots=$(nproc)
+  local logs
+  logs=$(mktemp -d /tmp/ckpt-sanitize.XXXXXX)
+  local -A command_of=() log_of=() start_of=()
+  local status=0 n=0 pid done_pid rc
+  finish_one() {
+    rc=0
+    wait -n -p done_pid || rc=$?
+    echo "---- ${command_of[$done_pid]} (exit $rc, $((SECONDS - start_of[$done_pid])) s)"
+    cat "${log_of[$done_pid]}"
+    [ "$rc" -eq 0 ] || status=1
+    unset "command_of[$done_pid]"
+  }
+  for cmd in "$@"; do
+    while [ "${#command_of[@]}" -ge "$slots" ]; do finish_one; done
+    n=$((n + 1))
+    bash -c "$cmd" >"$logs/$n.log" 2>&1 &
+    pid=$!
+    command_of[$pid]=$cmd
+    log_of[$pid]=$logs/$n.log
+    start_of[$pid]=$SECONDS
+  done
+  while [ "${#command_of[@]}" -gt 0 ]; do finish_one; done
+  rm -rf "$logs"
+  return $status
+}
+
 configure() {
   if [ -f "$build_dir/build.ninja" ]; then
     meson setup --reconfigure "$build_dir" "$@" >/dev/null
@@ -104,11 +137,16 @@ case "${1:-}" in
     # from the sanitizers.
     common=(-Db_lundef=false -Dwerror=true -Dbench=false -Dexamples=false -Dmpi=disabled
             -Doptimization=0 -Ddebug=false -Dcpp_args=-gline-tables-only)
-    # Both build the separate way: faster, and the same code as header-only.
+    # Both build the separate way: faster, and the same code as header-only. Each then runs its
+    # programs side by side, longest first (run_side_by_side).
     # ASan + UBSan: the whole unit suite (corruption, fault and mutation campaigns included),
-    # the interop tests (hostile pickles, zip archives and safetensors headers) and a shorter
-    # crash campaign. Only these targets are built: benchmarks, examples and the MPI tests add
-    # nothing a sanitizer would see that the unit suite does not.
+    # the S3 client (signing, retries, listings and errors on a loopback listener) and the whole
+    # S3 suite against s3rver (it runs under TSan below too), a shorter crash campaign, the
+    # system-call routing tests (O_DIRECT reads and writes straight into and out of the caller's
+    # memory and a load's buffers, bounce buffers, truncation and damage on those paths) and the
+    # interop tests (hostile pickles, zip archives and safetensors headers). Only these targets
+    # are built: benchmarks, examples and the MPI tests add nothing a sanitizer would see that
+    # the unit suite does not.
     build_dir=${ASAN_BUILD_DIR:-build-asan}
     configure -Db_sanitize=address,undefined -Dseparate_compilation=true "${common[@]}"
     install_s3rver
@@ -116,30 +154,31 @@ case "${1:-}" in
       tests/s3/test_s3_signing tests/s3/test_s3 tests/page_copy_routing
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp
-    "$build_dir/tests/unit" --no-intro --minimal || status=1
-    "$build_dir/tests/torch/torch_pt" --no-intro --minimal || status=1
-    "$build_dir/tests/safetensors/test_safetensors" --no-intro --minimal || status=1
-    "$build_dir/tests/crash/crash_campaign" --trials 40 --mode both || status=1
-    # The system-call routing tests: O_DIRECT reads and writes straight into and out of the
-    # caller's memory and a load's buffers, bounce buffers, truncation and damage on those paths.
-    "$build_dir/tests/page_copy_routing" --no-intro --minimal || status=1
-    # The S3 client: signing, retries, listings and errors on a loopback listener; then the
-    # whole S3 suite against s3rver (it runs under TSan below too).
-    "$build_dir/tests/s3/test_s3_signing" --no-intro --minimal || status=1
-    /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
+    export SANITIZE_BUILD=$build_dir
+    run_side_by_side \
+      '"$SANITIZE_BUILD"/tests/unit --no-intro --minimal' \
+      '/usr/bin/python3 tests/s3/harness.py -- "$SANITIZE_BUILD"/tests/s3/test_s3 --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/crash/crash_campaign --trials 40 --mode both' \
+      '"$SANITIZE_BUILD"/tests/page_copy_routing --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/torch/torch_pt --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/safetensors/test_safetensors --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/s3/test_s3_signing --no-intro --minimal' || status=1
     [ $status -eq 0 ] && echo "sanitize: ASan+UBSan clean (unit suite, interop tests, S3 client and suite, 40 crash trials, system-call routing)"
-    # TSan: the tests that run threads (the save pipeline, parallel loads, save_async).
+    # TSan: the tests that run threads: the S3 suite, the save pipeline, parallel loads and
+    # save_async (the threaded unit tests), parallel load workers reading into disjoint parts of
+    # one tensor and the writer's queue (the routing tests), and the GPU policies on their fakes
+    # (every fake stream and fake NCCL rank is a thread).
     build_dir=${TSAN_BUILD_DIR:-build-tsan}
     configure -Db_sanitize=thread -Dseparate_compilation=true "${common[@]}"
     meson compile -C "$build_dir" tests/unit_threads tests/s3/test_s3 tests/cuda/test_device_copy tests/cuda/test_nccl \
       tests/page_copy_routing
-    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/unit_threads" --no-intro --minimal || status=1
-    # Parallel load workers reading into disjoint parts of one tensor, and the writer's queue.
-    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/page_copy_routing" --no-intro --minimal || status=1
-    # The GPU policies on their fakes: every fake stream and fake NCCL rank is a thread.
-    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_device_copy" --no-intro --minimal || status=1
-    TSAN_OPTIONS=halt_on_error=1 "$build_dir/tests/cuda/test_nccl" --no-intro --minimal || status=1
-    TSAN_OPTIONS=halt_on_error=1 /usr/bin/python3 tests/s3/harness.py -- "$build_dir/tests/s3/test_s3" --no-intro --minimal || status=1
+    export TSAN_OPTIONS=halt_on_error=1 SANITIZE_BUILD=$build_dir
+    run_side_by_side \
+      '/usr/bin/python3 tests/s3/harness.py -- "$SANITIZE_BUILD"/tests/s3/test_s3 --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/unit_threads --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/page_copy_routing --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/cuda/test_device_copy --no-intro --minimal' \
+      '"$SANITIZE_BUILD"/tests/cuda/test_nccl --no-intro --minimal' || status=1
     [ $status -eq 0 ] && echo "sanitize: TSan clean (threaded and async tests, system-call routing, S3 tests, device_copy and NCCL on their fakes)"
     exit $status
     ;;

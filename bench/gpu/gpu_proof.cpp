@@ -21,6 +21,7 @@
 #include <ckpt/ckpt.hpp>
 #include <ckpt/cuda/device_copy.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -116,7 +117,10 @@ int main(int argc, char** argv) {
   out.section("round trips", [&] {
     const ckpt::dtype types[] = {ckpt::dtype::f64, ckpt::dtype::f32, ckpt::dtype::f16, ckpt::dtype::bf16, ckpt::dtype::i64,
                                  ckpt::dtype::i32, ckpt::dtype::i16, ckpt::dtype::i8,  ckpt::dtype::u8,   ckpt::dtype::boolean};
-    for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{1000}, (std::uint64_t{1} << 20) + 8, std::uint64_t{64} << 20}) {
+    // The largest size is 64 MiB, or the big tensor's where that is smaller: --big-mib 32 on the
+    // fakes, whose kernels and checks go a byte at a time on the CPU.
+    const std::uint64_t largest = std::min(std::uint64_t{64} << 20, opt.big_bytes);
+    for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{1000}, (std::uint64_t{1} << 20) + 8, largest}) {
       std::vector<std::unique_ptr<gpu_tensor>> owned;
       gpu_state s;
       for (auto t : types) {
