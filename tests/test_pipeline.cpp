@@ -61,7 +61,18 @@ TEST_CASE("parallel_for runs every item once on the given threads and rethrows t
     std::mutex mu;
     std::set<unsigned> numbers;
     std::set<std::thread::id> threads;
+    // The threads parallel_for starts wait (up to a deadline) for the caller to take an item:
+    // on a loaded machine they could otherwise take all 1000 before the caller starts, and the
+    // check that the caller works too would fail by chance. If it never works, the wait ends at
+    // the deadline and that check fails.
+    const auto caller = std::this_thread::get_id();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::atomic<bool> caller_started{false};
     ckpt::detail::parallel_for(n, workers, [&](std::size_t i, unsigned w) {
+      if (std::this_thread::get_id() == caller)
+        caller_started = true;
+      else
+        while (!caller_started && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
       ++runs[i];
       if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let others run
       std::lock_guard lock(mu);
