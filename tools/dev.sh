@@ -55,7 +55,8 @@ install_s3rver() {
 # Runs each argument as a command line, as many at a time as the machine has cores, and prints
 # each one's output when it ends; fails if any failed. The sanitizer runs below each keep about
 # one core busy, so two cores run them in about half the time one after another takes
-# (docs/performance.md, "CI's time"). Give the longest first: a command starts when one ends.
+# (docs/performance.md, "CI's time on 2026-12-05's slower machine"). Give the longest first: a
+# command starts when one ends.
 run_side_by_side() {
   local slots
   slots=$(nproc)
@@ -118,7 +119,7 @@ case "${1:-}" in
     meson compile -C "$build_dir"
     status=0
     # One test more than the cores: several of them wait (on timeouts, mpirun, s3rver) more than
-    # they compute. On 2 cores, 3 at a time took 243-264 s, 2 at a time 261-283 s, 4 at a time 262.
+    # they compute (docs/performance.md, "CI's time on 2026-12-05's slower machine").
     meson test -C "$build_dir" --print-errorlogs --num-processes $(($(nproc) + 1)) || status=$?
     # One closing line in the plain "N passed, N failed" form, from Meson's own log.
     log="$build_dir/meson-logs/testlog.json"
