@@ -634,39 +634,6 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
 }
 
 namespace {
-struct nine_mib {
-  std::vector<float> w = std::vector<float>(std::size_t{9} << 18);  // chunks of 4, 4 and 1 MiB
-  template <class V>
-  void checkpoint(V& v) {
-    v.tensor("w", w);
-  }
-};
-}  // namespace
-
-TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 MiB, not in 256 KiB pieces") {
-  // The load reads and hashes a chunk in 256 KiB pieces; the checkpointer announces the chunk
-  // to the posix reader (will_read), which reads it ahead in one O_DIRECT read.
-  test::temp_dir dir;
-  if (!test::o_direct_testable(dir)) return;
-  nine_mib saved, back;
-  test::fill_random(saved.w, 15);
-  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 1}};
-  cp.save(1, saved);
-  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
-  REQUIRE(test::drop_from_cache(shard));
-  const auto got = record([&] { cp.load(back); });
-  CHECK(back.w == saved.w);
-  std::vector<std::size_t> direct_reads;
-  for (const auto& c : got)
-    if (c.o_direct) direct_reads.push_back(c.bytes);
-  std::sort(direct_reads.begin(), direct_reads.end());  // the chunks are read on several workers at once
-  CHECK(direct_reads == std::vector<std::size_t>{std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{4} << 20});
-  // Only the header, index and footer were read through the cache (with the kernel's readahead
-  // around them), not the 2304 pages of the tensor.
-  CHECK(test::resident_pages(shard) < 64);
-}
-
-namespace {
 /// One f32 tensor in memory the test places: page-aligned, or 64 bytes into a page.
 struct placed_tensor {
   std::size_t bytes;
@@ -679,6 +646,33 @@ struct placed_tensor {
   }
 };
 }  // namespace
+
+TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 MiB, not in 256 KiB pieces") {
+  // The load reads and hashes a chunk in 256 KiB pieces; the checkpointer announces the chunk
+  // to the posix reader (will_read), which reads it ahead in one O_DIRECT read.
+  // Saved from page-aligned memory (chunks on block boundaries) and loaded into memory 64 bytes
+  // into a page: not read in place, so through the reader's buffer.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::size_t bytes = std::size_t{9} << 20;  // chunks of 4, 4 and 1 MiB
+  placed_tensor saved(bytes, 0), back(bytes, 64);
+  std::mt19937 rng(15);
+  test::fill_bytes(std::span<std::byte>(saved.data, bytes), rng);
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 1}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  REQUIRE(test::drop_from_cache(shard));
+  const auto got = record([&] { cp.load(back); });
+  CHECK(std::equal(back.data, back.data + bytes, saved.data));
+  std::vector<std::size_t> direct_reads;
+  for (const auto& c : got)
+    if (c.o_direct) direct_reads.push_back(c.bytes);
+  std::sort(direct_reads.begin(), direct_reads.end());  // the chunks are read on several workers at once
+  CHECK(direct_reads == std::vector<std::size_t>{std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{4} << 20});
+  // Only the header, index and footer were read through the cache (with the kernel's readahead
+  // around them), not the 2304 pages of the tensor.
+  CHECK(test::resident_pages(shard) < 64);
+}
 
 TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk straight into them") {
   // With O_DIRECT, the disk's transfer can land in the tensor itself when the tensor's memory
@@ -764,6 +758,107 @@ TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk strai
 }
 
 namespace {
+/// The file offsets of the chunks of a shard file's first tensor, from its footer index.
+std::vector<std::uint64_t> first_tensor_chunk_offsets(const std::filesystem::path& shard) {
+  std::ifstream in(shard, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto bytes = std::as_bytes(std::span(c));
+  using ckpt::detail::trailer_bytes;
+  const auto t = ckpt::detail::check_trailer(bytes.last<trailer_bytes>(), bytes.size(), shard.string());
+  const auto idx = ckpt::detail::decode_index(bytes.subspan(t.index_offset, t.index_size), shard.string());
+  const auto& chunks = idx.tensors.at(0).chunks;
+  return {chunks.file_offset.begin(), chunks.file_offset.begin() + static_cast<std::ptrdiff_t>(chunks.size())};
+}
+}  // namespace
+
+TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move between disk and tensor with no copy") {
+  // O_DIRECT moves page-aligned memory at block-aligned file offsets only. PyTorch's tensors
+  // (and this one) start 64 bytes into a page: a save places each large raw chunk 64 bytes into
+  // a block, writes the tensor's whole pages from the tensor itself, and a load into memory that
+  // lies the same way reads them straight into it; only the partial pages at a chunk's ends are
+  // copied (save) or come through the page cache (load).
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::size_t mib = std::size_t{1} << 20, bytes = 10 * mib + 1000;  // chunks of 4 MiB, 4 MiB and 2 MiB + 1000 bytes
+  const std::size_t whole_pages = 10 * mib - 3 * 4096;  // of the three chunks, less a partial page at each end
+  placed_tensor saved(bytes, 64);
+  std::mt19937 rng(19);
+  test::fill_bytes(std::span<std::byte>(saved.data, bytes), rng);
+  const auto same = [&](const placed_tensor& t) { return std::equal(t.data, t.data + bytes, saved.data); };
+  const auto inside = [](const placed_tensor& t, const call& c) {
+    return c.buffer >= reinterpret_cast<std::uintptr_t>(t.data) && c.buffer < reinterpret_cast<std::uintptr_t>(t.data) + t.bytes;
+  };
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  const auto writes = record([&] { cp.save(1, saved); });
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  const auto offsets = first_tensor_chunk_offsets(shard);
+  REQUIRE(offsets.size() == 3);
+  CHECK(offsets == std::vector<std::uint64_t>{4096 + 64, 4096 + 64 + 4 * mib, 4096 + 64 + 8 * mib});  // no padding between
+  std::size_t written_from_tensor = 0;
+  for (const auto& c : writes)
+    if (inside(saved, c)) {
+      CHECK(c.o_direct);
+      CHECK(c.buffer % 4096 == 0);
+      written_from_tensor += c.bytes;
+    }
+  CHECK(written_from_tensor == whole_pages);
+
+  placed_tensor back(bytes, 64);
+  REQUIRE(test::drop_from_cache(shard));
+  auto got = record([&] { cp.load(back); });
+  CHECK(same(back));
+  std::size_t direct = 0, cached = 0;
+  for (const auto& c : got)
+    if (inside(back, c)) {
+      if (c.o_direct) {
+        CHECK(c.buffer % 4096 == 0);
+        direct += c.bytes;
+      } else {
+        CHECK(c.bytes < 4096);  // a partial page
+        cached += c.bytes;
+      }
+    }
+  CHECK(direct == whole_pages);
+  CHECK(direct + cached == bytes);
+
+  // Memory that lies otherwise (page-aligned): the same bytes, through the reader's buffer.
+  placed_tensor aligned(bytes, 0);
+  REQUIRE(test::drop_from_cache(shard));
+  got = record([&] { cp.load(aligned); });
+  CHECK(same(aligned));
+  for (const auto& c : got) CHECK_FALSE((c.o_direct && inside(aligned, c)));
+
+  // save_async writes from a snapshot that lies in its pages as the tensor does: the same placement.
+  cp.save_async(2, saved).wait();
+  CHECK(first_tensor_chunk_offsets(dir.path() / "global_step2/mp_rank_00/model_optim_rng.ckpt") == offsets);
+
+  // A flipped byte in the partial page at the start of the second chunk, which a load reads
+  // through the page cache: still verified, the file, tensor and chunk named.
+  {
+    std::fstream f(shard, std::ios::binary | std::ios::in | std::ios::out);
+    const auto pos = static_cast<std::streamoff>(offsets[1] + 10);
+    f.seekg(pos);
+    char c = 0;
+    f.get(c);
+    f.seekp(pos);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  REQUIRE(test::drop_from_cache(shard));
+  placed_tensor damaged(bytes, 64);
+  try {
+    cp.load(damaged, {.tag = "global_step1"});
+    FAIL("a damaged chunk loaded");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("model_optim_rng.ckpt") != std::string::npos);
+    CHECK(what.find("tensor 'w'") != std::string::npos);
+    CHECK(what.find("checksum mismatch at offset " + std::to_string(offsets[1])) != std::string::npos);
+  }
+}
+
+namespace {
 /// ckpt::posix, recording what a load asks its readers for (which buffer, how many bytes).
 struct read_call {
   std::uintptr_t buffer;
@@ -789,10 +884,10 @@ struct logging_posix : ckpt::posix {
 };
 /// A [3072, 1024] f32 tensor, whole; and its rows [512, 2560).
 struct whole_tensor {
-  std::vector<float>* w;
+  std::byte* data;
   template <class V>
   void checkpoint(V& v) {
-    v.tensor("w", ckpt::tensor_ref(ckpt::dtype::f32, {3072, 1024}, reinterpret_cast<std::byte*>(w->data())));
+    v.tensor("w", ckpt::tensor_ref(ckpt::dtype::f32, {3072, 1024}, data));
   }
 };
 struct row_slice {
@@ -804,48 +899,58 @@ struct row_slice {
 };
 }  // namespace
 
-TEST_CASE("a resharded load reads the chunks it needs only in part into page-aligned buffers, straight from the disk") {
+TEST_CASE("a resharded load reads the chunks it needs only in part into load buffers, straight from the disk") {
   // A slice of rows [512, 2560) of a [3072, 1024] f32 tensor saved whole in chunks of 1024 rows
   // (4 MiB): the middle chunk lands in the slice whole and is read into it; the first and last
   // are needed in part, so each is read whole into a load buffer, verified there, and its rows
-  // copied out. Those buffers are page-aligned, so the disk fills them without the reader's
-  // aligned buffer and its copy: one read of 4 MiB each, not 16 of 256 KiB.
-  test::temp_dir dir;
-  if (!test::o_direct_testable(dir)) return;
-  const std::uint64_t rows = 3072, cols = 1024, row_bytes = cols * 4;
-  std::vector<float> whole(rows * cols);
-  test::fill_random(whole, 18);
-  whole_tensor saved{&whole};
-  ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
-  cp.save(1, saved);
-  const std::uint64_t first = 512, count = 2048;
-  test::page_block block(count * row_bytes);
-  row_slice back{block.start};
-  REQUIRE(test::drop_from_cache(dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt"));
-  {
-    std::lock_guard lock(read_calls_mu);
-    read_calls.clear();
+  // copied out. Those buffers lie as far into a page as the chunk into its block in the file
+  // (the save placed it as far into a block as the tensor lay into its page), so the disk fills
+  // them without the reader's aligned buffer and its copy: one read of 4 MiB each, not 16 of
+  // 256 KiB. The tensors are page-aligned, or 64 bytes into a page at save and at load, as
+  // PyTorch's are.
+  for (const std::size_t shift : {std::size_t{0}, std::size_t{64}}) {
+    CAPTURE(shift);
+    test::temp_dir dir;
+    if (!test::o_direct_testable(dir)) return;
+    const std::uint64_t rows = 3072, cols = 1024, row_bytes = cols * 4;
+    test::page_block whole(rows * row_bytes + 4096);
+    std::mt19937 rng(18);
+    test::fill_bytes(std::span<std::byte>(whole.start + shift, rows * row_bytes), rng);
+    whole_tensor saved{whole.start + shift};
+    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
+    cp.save(1, saved);
+    const std::uint64_t first = 512, count = 2048;
+    test::page_block block(count * row_bytes + 4096);
+    row_slice back{block.start + shift};
+    REQUIRE(test::drop_from_cache(dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt"));
+    {
+      std::lock_guard lock(read_calls_mu);
+      read_calls.clear();
+    }
+    const auto got = record([&] { cp.load(back); });
+    CHECK(std::equal(back.data, back.data + count * row_bytes, whole.start + shift + first * row_bytes));
+    const auto tensor = reinterpret_cast<std::uintptr_t>(back.data);
+    std::vector<read_call> large;  // the chunks' reads; the others are of the header, index and footer
+    for (const auto& c : read_calls)
+      if (c.bytes >= 64 * 1024) large.push_back(c);
+    REQUIRE(large.size() == 3);
+    const std::size_t chunk = std::size_t{4} << 20;
+    // The disk's transfer into such a buffer: its whole pages (all of it when page-aligned).
+    const std::size_t head = (4096 - shift) % 4096, in_pages = shift == 0 ? chunk : chunk - 4096;
+    std::size_t into_tensor = 0;
+    for (const auto& c : large) {
+      CHECK(c.bytes == chunk);  // each chunk in one read
+      CHECK(c.buffer % 4096 == shift);
+      if (c.buffer == tensor + (1024 - first) * row_bytes) ++into_tensor;  // the middle chunk, in place
+      // ... and the disk's transfer went into that very buffer.
+      CHECK(std::count_if(got.begin(), got.end(),
+                          [&](const call& d) { return d.o_direct && d.buffer == c.buffer + head && d.bytes == in_pages; }) >= 1);
+    }
+    CHECK(into_tensor == 1);
   }
-  const auto got = record([&] { cp.load(back); });
-  CHECK(std::equal(block.start, block.start + count * row_bytes, reinterpret_cast<const std::byte*>(whole.data() + first * cols)));
-  const auto tensor = reinterpret_cast<std::uintptr_t>(block.start);
-  std::vector<read_call> large;  // the chunks' reads; the others are of the header, index and footer
-  for (const auto& c : read_calls)
-    if (c.bytes >= 64 * 1024) large.push_back(c);
-  REQUIRE(large.size() == 3);
-  const std::size_t chunk = std::size_t{4} << 20;
-  std::size_t into_tensor = 0;
-  for (const auto& c : large) {
-    CHECK(c.bytes == chunk);  // each chunk in one read
-    CHECK(c.buffer % 4096 == 0);
-    if (c.buffer == tensor + (1024 - first) * row_bytes) ++into_tensor;  // the middle chunk, in place
-    // ... and the disk's transfer went into that very buffer.
-    CHECK(std::count_if(got.begin(), got.end(), [&](const call& d) { return d.o_direct && d.buffer == c.buffer && d.bytes == chunk; }) >= 1);
-  }
-  CHECK(into_tensor == 1);
 }
 
-TEST_CASE("posix's reader reads in place only page-aligned memory at page-aligned offsets, from the disk, and reports a truncated file") {
+TEST_CASE("posix's reader reads in place only memory as far into its page as the offset into its block, from the disk, and reports a truncated file") {
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
   std::vector<std::byte> content((std::size_t{3} << 20) + 4096 + 500);
@@ -866,6 +971,23 @@ TEST_CASE("posix's reader reads in place only page-aligned memory at page-aligne
   CHECK_FALSE(r.reads_in_place(4096 + 512, aligned));                     // the offset
   CHECK_FALSE(r.reads_in_place(4096, std::span<std::byte>(block.start + 64, 2 * mib)));  // the memory
   CHECK_FALSE(r.reads_in_place(4096, aligned.first(mib - 4096)));          // too small: read ahead instead
+  // Memory as far into its page as the offset is into its block: the whole pages in place, the
+  // partial ones at either end through the page cache.
+  {
+    const std::span<std::byte> shifted(block.start + 64, 2 * mib);
+    REQUIRE(r.reads_in_place(4096 + 64, shifted));
+    const auto calls = by_position(record([&] { r.read(4096 + 64, shifted); }));
+    REQUIRE(calls.size() == 3);
+    CHECK_FALSE(calls[0].o_direct);
+    CHECK(calls[0].bytes == 4096 - 64);
+    CHECK(calls[1].o_direct);
+    CHECK(calls[1].buffer == reinterpret_cast<std::uintptr_t>(block.start + 4096));
+    CHECK(calls[1].bytes == 2 * mib - 4096);
+    CHECK_FALSE(calls[2].o_direct);
+    CHECK(calls[2].bytes == 64);
+    CHECK(std::equal(shifted.begin(), shifted.end(), content.begin() + 4096 + 64));
+    REQUIRE(test::drop_from_cache(path));
+  }
   auto got = record([&] { r.read(4096, aligned); });
   check_direct(got, reinterpret_cast<std::uintptr_t>(aligned.data()), 4096, 2 * mib);
   CHECK(got[0].o_direct);

@@ -101,6 +101,10 @@ class posix {
     /// one buffer of up to 1 MiB first: a state of thousands of small tensors would otherwise
     /// make a system call per chunk, and ext4 zeroes the rest of a new page-cache folio on
     /// every small write into it (a fifth of the time of saving 10 000 tensors of 1 KiB).
+    /// With O_DIRECT, the whole pages of large writes go to the disk from where they are, with
+    /// no copy into the writer's aligned buffer, where the file position lies as far into its
+    /// 4 KiB block as the bytes lie into their page (a save places large raw chunks so:
+    /// detail/format.hpp, placed_from); the rest is copied.
     void write(std::span<const std::byte> bytes);
     /// Says that the file will hold at least `bytes` bytes (concepts.hpp, reserves_space): with
     /// O_DIRECT, the space is allocated now, in one step, instead of ahead of the writes as they
@@ -279,14 +283,18 @@ class posix {
     bool reads_direct() const noexcept { return direct_; }
 
     /// True when `read(offset, out)` will move the bytes from the disk straight into `out`, with
-    /// no copy (concepts.hpp, reads_in_place): O_DIRECT reads, `out` of 1 MiB or more at a
-    /// page-aligned address, `offset` page-aligned, and the bytes not in the page cache.
-    /// Tensors in page-aligned memory (pinned host memory, a page or huge-page allocator) load
-    /// that way; others, such as PyTorch's 64-byte aligned ones, through the reader's aligned
-    /// buffer and one copy, since O_DIRECT needs aligned memory.
+    /// no copy (concepts.hpp, reads_in_place): O_DIRECT reads, `out` of 1 MiB or more, as many
+    /// bytes into its memory page as `offset` is into its 4 KiB block, and the bytes not in the
+    /// page cache. O_DIRECT needs page-aligned memory at block-aligned offsets: the whole pages
+    /// of `out` are read straight into it, its partial pages at either end through the page
+    /// cache. A save places each large raw chunk of a tensor in the file as far into a block as
+    /// the tensor's bytes lay into their page (detail/format.hpp, placed_from), so a load into
+    /// memory that lies the same way (PyTorch's 64-byte aligned tensors, 64 bytes into their
+    /// first page, at save and at load) reads in place; others go through the reader's aligned
+    /// buffer and one copy.
     ///
     /// @code
-    /// if (r.reads_in_place(offset, out)) r.read(offset, out);  // one O_DIRECT read into out
+    /// if (r.reads_in_place(offset, out)) r.read(offset, out);  // O_DIRECT straight into out
     /// @endcode
     bool reads_in_place(std::uint64_t offset, std::span<const std::byte> out) const {
       return direct_ && in_place(offset, out) && !cached(offset, out.size());
@@ -333,14 +341,16 @@ class posix {
     /// ahead within an announced range: a disk moves 256 KiB requests at half the speed of 4 MiB
     /// ones (see will_read).
     static constexpr std::size_t in_place_min = std::size_t{1} << 20;
-    /// Whether `out` and `offset` allow an O_DIRECT read straight into `out`.
+    /// Whether `out` and `offset` allow O_DIRECT reads straight into `out`: as far into a page
+    /// as `offset` is into a block.
     bool in_place(std::uint64_t offset, std::span<const std::byte> out) const noexcept {
-      return in_place_ && out.size() >= in_place_min && offset % direct_alignment == 0 &&
-             reinterpret_cast<std::uintptr_t>(out.data()) % direct_alignment == 0;
+      return in_place_ && out.size() >= in_place_min &&
+             offset % direct_alignment == reinterpret_cast<std::uintptr_t>(out.data()) % direct_alignment;
     }
-    /// Reads `out`'s whole blocks at `offset` with O_DIRECT into `out` itself, and the partial
-    /// block after them through the page cache. Returns false, having read nothing, when the
-    /// kernel refuses O_DIRECT into that memory (which ends reading in place, not O_DIRECT).
+    /// Reads the whole blocks of `out` at `offset` with O_DIRECT into `out` itself, and the
+    /// partial blocks before and after them through the page cache. Returns false, having read
+    /// nothing, when the kernel refuses O_DIRECT into that memory (which ends reading in place,
+    /// not O_DIRECT).
     bool read_in_place(std::uint64_t offset, std::span<std::byte> out) const;
 
     /// The `corrupt` error for a file that ends at `ends_at`, short of the bytes [first, end) asked for.

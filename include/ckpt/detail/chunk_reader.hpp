@@ -199,7 +199,7 @@ class chunk_reader {
       std::uint64_t largest = 0;
       for (const auto n : staged) largest = std::max(largest, wanted[reads[n].tensor].stored->chunks.stored_size[reads[n].chunk]);
       if (!staged.empty())
-        for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest), dev);
+        for (auto& sl : ring) sl.buffer.resize(static_cast<std::size_t>(largest + alignment - 1), dev);  // room for `in_page`
     }
     run_pipeline(
         staged.size(), ring.size(), workers, [](std::size_t, std::size_t) {},
@@ -210,13 +210,18 @@ class chunk_reader {
           const auto& c = s.chunks;
           const auto i = r.chunk;
           const auto raw_size = c.elements(i) * size_of(s.type);
-          sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]));
-          r.read = sl.buffer.size();
-          if (read_hashed(key_of(r), c.file[i], sl.file, c.file_offset[i], sl.buffer.span()) != c.xxh3[i]) throw mismatch(r);
-          sl.plain = sl.buffer.span();
+          // The chunk lands as far into the page-aligned buffer as it lies into its block in the
+          // file (a large raw chunk is placed for the memory it was saved from: format.hpp,
+          // placed_from), so that the disk fills the buffer without a copy (reads_in_place).
+          const auto in_page = static_cast<std::size_t>(c.file_offset[i] % alignment);
+          sl.buffer.resize_without_borrowing(static_cast<std::size_t>(c.stored_size[i]) + in_page);
+          const auto stored = sl.buffer.span().subspan(in_page);
+          r.read = stored.size();
+          if (read_hashed(key_of(r), c.file[i], sl.file, c.file_offset[i], stored) != c.xxh3[i]) throw mismatch(r);
+          sl.plain = stored;
           if (c.codec[i] != 0) {
             sl.decoded.resize(raw_size);
-            decode_chunk(c.codec[i], sl.buffer.span(), s.type, sl.decoded, where(r));
+            decode_chunk(c.codec[i], stored, s.type, sl.decoded, where(r));
             sl.plain = sl.decoded;
           } else if (c.stored_size[i] != raw_size) {
             throw error(error_kind::corrupt, where(r) + ": raw chunk of " + std::to_string(c.stored_size[i]) +

@@ -50,10 +50,28 @@ inline constexpr std::array<char, 8> trailer_magic = {'C', 'K', 'P', 'T', 'I', '
 inline constexpr std::uint64_t header_used = 24;         // magic, version, flags, checksum
 inline constexpr std::uint64_t trailer_bytes = 40;
 
+/// A raw chunk of this many bytes or more, saved from host memory, is placed in the file at the
+/// same offset within a 4 KiB block as its bytes lie within their memory page (see chunk_start).
+/// O_DIRECT moves only block-aligned file ranges to and from page-aligned (512-byte aligned)
+/// memory, and tensors are seldom page-aligned: PyTorch's and most engines' allocators give 64
+/// bytes, and a large allocation starts 16 or 64 bytes into its page. Placed so, all but the
+/// first and last partial block of such a chunk go between the disk and the tensor itself, at
+/// save and at a load into memory at the same offset within its page, with no copy through an
+/// aligned buffer. Smaller chunks are not worth it: a load reads them ahead through its buffer.
+inline constexpr std::uint64_t placed_from = std::uint64_t{1} << 20;
+
 inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }
 /// Where a chunk stored in `bytes` bytes starts in a version-2 file whose chunks so far end at
-/// `end`: on the next 4 KiB boundary, or at once if it is packed (see packed_below).
-inline std::uint64_t chunk_start(std::uint64_t end, std::uint64_t bytes) { return bytes >= packed_below ? align_up(end) : end; }
+/// `end`: at once if it is packed (see packed_below); otherwise on the next 4 KiB boundary, or,
+/// for a chunk of `placed_from` bytes or more whose bytes lie `in_page` bytes into a memory
+/// page (0 when they are not saved from host memory as they are), at the first offset from
+/// `end` on that is `in_page` bytes into a block (docs/format.md, section 6.3).
+inline std::uint64_t chunk_start(std::uint64_t end, std::uint64_t bytes, std::uint64_t in_page = 0) {
+  if (bytes < packed_below) return end;
+  if (bytes < placed_from || in_page % alignment == 0) return align_up(end);
+  const auto at = end / alignment * alignment + in_page % alignment;
+  return at >= end ? at : at + alignment;
+}
 
 /// One tensor's chunks in one file (footer index) or in the whole tag (chunk_map.bin).
 struct tensor_group {

@@ -186,13 +186,22 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
   if constexpr (!in_place)
     for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(most_staged), device);  // borrowed once, here
 
+  // Where a raw chunk written from the tensor's own memory lies within its page: the file puts
+  // it at the same offset within a block, so that O_DIRECT moves it without a copy (format.hpp,
+  // placed_from). Called on this thread, as the stage below calls host_view.
+  const auto in_page = [&](const shard_chunk& j) -> std::uint64_t {
+    if constexpr (in_place)
+      if (j.codec == 0 && j.slice.contiguous)
+        return reinterpret_cast<std::uintptr_t>(device.host_view(tensors[j.tensor].ref) + j.slice.byte_offset) % alignment;
+    return 0;
+  };
   auto w = storage.create(join_key(tag, out.path));
   if constexpr (reserves_space<decltype(w)>) {
     // Raw chunks have known sizes: the file up to its footer index is known before the first
     // write, laid out as the appending stage below lays it out.
     if (std::all_of(jobs.begin(), jobs.end(), [](const shard_chunk& j) { return j.codec == 0; })) {
       std::uint64_t end = header_bytes;
-      for (const auto& j : jobs) end = chunk_start(end, j.slice.bytes) + j.slice.bytes;
+      for (const auto& j : jobs) end = chunk_start(end, j.slice.bytes, in_page(j)) + j.slice.bytes;
       end = align_up(end);
       for (const auto& v : values) end += v.bytes.size();
       w.reserve(end);
@@ -205,7 +214,7 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
     w.write(block);
   }
   std::uint64_t pos = header_bytes;
-  const auto pad_to = [&](std::uint64_t to) {  // zeros up to `to` (a 4 KiB boundary at most ahead)
+  const auto pad_to = [&](std::uint64_t to) {  // zeros up to `to` (at most a 4 KiB block ahead)
     if (const auto n = to - pos; n) {
       w.write(std::span<const std::byte>(zeros.data(), n));
       pos += n;
@@ -272,7 +281,10 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
         for (auto k = it.first; k < it.last; ++k) {
           const auto& j = jobs[k];
           const auto stored = sl.stored[k - it.first];
-          pad_to(chunk_start(pos, stored.size()));  // smaller chunks follow the one before at once
+          // Smaller chunks follow the one before at once; raw ones written from a tensor's memory
+          // are placed for it (as in_page says: `stored` is that memory).
+          const bool from_tensor = in_place && j.codec == 0 && j.slice.contiguous;
+          pad_to(chunk_start(pos, stored.size(), from_tensor ? reinterpret_cast<std::uintptr_t>(stored.data()) % alignment : 0));
           auto& table = out.index.tensors[j.tensor].chunks;
           table.file_offset[j.row] = pos;
           table.stored_size[j.row] = stored.size();

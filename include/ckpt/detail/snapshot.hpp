@@ -5,6 +5,7 @@
 // write goes on in the background.
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -29,16 +30,23 @@ class snapshot_buffers {
       auto& buf = buffers_[k];
       const bool remote = k < plan.source.size() && plan.source[k] >= 0;
       ++k;
-      buf.resize(static_cast<std::size_t>(t.ref.nbytes()), owner);
+      // A host tensor's copy lies as far into its page as the tensor does: the shard file places
+      // its large chunks for that (format.hpp, placed_from), and a load into the tensor's memory
+      // then reads them in place, as after a synchronous save.
+      const bool host = !remote && t.ref.where().type == device::kind::host;
+      const auto in_page = host ? static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(t.ref.data()) % 4096) : 0;
+      const auto bytes = static_cast<std::size_t>(t.ref.nbytes());
+      buf.resize(bytes + in_page, owner);
+      const auto into = buf.span().subspan(in_page);
       if (remote) {
         for (const auto& r : transfer_ranges(t.ref, plan.transfers))
-          via.to_host(t.ref, r.offset, buf.span().subspan(static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.bytes)));
-      } else if (t.ref.where().type == device::kind::host) {
-        if (!buf.empty()) std::memcpy(buf.data(), t.ref.data(), buf.size());
+          via.to_host(t.ref, r.offset, into.subspan(static_cast<std::size_t>(r.offset), static_cast<std::size_t>(r.bytes)));
+      } else if (host) {
+        if (bytes != 0) std::memcpy(into.data(), t.ref.data(), bytes);
       } else {
-        via.to_host(t.ref, 0, buf.span());
+        via.to_host(t.ref, 0, into);
       }
-      tensor_ref copy(t.ref.type(), t.ref.shape(), buf.data());
+      tensor_ref copy(t.ref.type(), t.ref.shape(), into.data());
       if (t.ref.shard()) copy.sharded(*t.ref.shard());
       copy.laid_out(t.ref.order());  // a column-major tensor stays one
       t.ref = std::move(copy);
@@ -46,7 +54,7 @@ class snapshot_buffers {
   }
 
  private:
-  std::vector<staging_buffer<Device>> buffers_;
+  std::vector<staging_buffer<Device, 4096>> buffers_;  // page-aligned where not lent
 };
 
 }  // namespace ckpt::detail

@@ -135,7 +135,14 @@ CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes) {
       }
     }
     if (block_ == nullptr) block_ = queue().acquire();
-    const auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
+    auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
+    // Bytes as far into their page as the file position is into its block (a large chunk placed
+    // for its memory, detail/format.hpp): copied only up to the block boundary, from where they
+    // are page-aligned and go out from where they are (above).
+    const auto in_page = reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment;
+    if (in_page != 0 && (position_ + filled_) % direct_alignment == in_page &&
+        bytes.size() >= direct_alignment - in_page + direct_buffer_bytes)
+      n = std::min<std::size_t>(n, direct_alignment - in_page);
     std::memcpy(block_ + filled_, bytes.data(), n);
     filled_ += n;
     bytes = bytes.subspan(n);
@@ -466,7 +473,12 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
   return true;
 }
 
-CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std::byte> out) const {
+CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std::byte> all) const {
+  // The partial block before the first whole one (in_place: `all` lies as far into its page),
+  // then the whole blocks, then the rest.
+  const auto head = static_cast<std::size_t>((direct_alignment - offset % direct_alignment) % direct_alignment);
+  const auto out = all.subspan(head);
+  offset += head;
   const auto whole = out.size() / direct_alignment * direct_alignment;
   std::size_t got = 0;  // fewer than `whole` only at the end of the file
   while (got < whole) {
@@ -482,9 +494,11 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
     got += static_cast<std::size_t>(n);
     if (n == 0 || got % direct_alignment != 0) break;  // the end of the file
   }
+  const auto first = offset - head;
   if (got < whole)
-    throw truncated(offset, offset + out.size(), offset + got);
-  if (whole < out.size()) read_exactly(offset + whole, out.subspan(whole), offset, out.size());
+    throw truncated(first, first + all.size(), offset + got);
+  if (head > 0) read_exactly(first, all.first(head), first, all.size());
+  if (whole < out.size()) read_exactly(offset + whole, out.subspan(whole), first, all.size());
   return true;
 }
 
