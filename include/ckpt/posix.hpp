@@ -6,9 +6,11 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <atomic>
 #include <cerrno>
@@ -286,8 +288,8 @@ class posix {
     /// no copy (concepts.hpp, reads_in_place): O_DIRECT reads, `out` of 1 MiB or more, as many
     /// bytes into its memory page as `offset` is into its 4 KiB block, and the bytes not in the
     /// page cache. O_DIRECT needs page-aligned memory at block-aligned offsets: the whole pages
-    /// of `out` are read straight into it, its partial pages at either end through the page
-    /// cache. A save places each large raw chunk of a tensor in the file as far into a block as
+    /// of `out` are read straight into it, the partial pages at its ends through the reader's
+    /// aligned buffer, in the same request. A save places each large raw chunk of a tensor in the file as far into a block as
     /// the tensor's bytes lay into their page (detail/format.hpp, placed_from), so a load into
     /// memory that lies the same way (PyTorch's 64-byte aligned tensors, 64 bytes into their
     /// first page, at save and at load) reads in place; others go through the reader's aligned
@@ -347,10 +349,10 @@ class posix {
       return in_place_ && out.size() >= in_place_min &&
              offset % direct_alignment == reinterpret_cast<std::uintptr_t>(out.data()) % direct_alignment;
     }
-    /// Reads the whole blocks of `out` at `offset` with O_DIRECT into `out` itself, and the
-    /// partial blocks before and after them through the page cache. Returns false, having read
-    /// nothing, when the kernel refuses O_DIRECT into that memory (which ends reading in place,
-    /// not O_DIRECT).
+    /// Reads `out` at `offset` with one O_DIRECT request: its whole pages straight into it, the
+    /// blocks holding its partial pages at either end into the aligned buffer, then copied.
+    /// Returns false, having read nothing, when the kernel refuses O_DIRECT into that memory
+    /// (which ends reading in place, not O_DIRECT).
     bool read_in_place(std::uint64_t offset, std::span<std::byte> out) const;
 
     /// The `corrupt` error for a file that ends at `ends_at`, short of the bytes [first, end) asked for.

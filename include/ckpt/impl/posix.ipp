@@ -473,16 +473,39 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
   return true;
 }
 
-CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std::byte> all) const {
-  // The partial block before the first whole one (in_place: `all` lies as far into its page),
-  // then the whole blocks, then the rest.
+CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std::byte> out) const {
+  // `out` lies as far into its page as `offset` into its block (in_place): its whole pages are
+  // whole blocks of the file. One O_DIRECT request brings them straight into `out`, and the
+  // blocks that hold its partial pages at either end into the aligned buffer, copied from there.
+  // Read on their own, through the page cache, those two small reads doubled the requests a load
+  // waits for: each waits behind the large ones in flight.
   const auto head = static_cast<std::size_t>((direct_alignment - offset % direct_alignment) % direct_alignment);
-  const auto out = all.subspan(head);
-  offset += head;
-  const auto whole = out.size() / direct_alignment * direct_alignment;
-  std::size_t got = 0;  // fewer than `whole` only at the end of the file
-  while (got < whole) {
-    const ssize_t n = ::pread(direct_fd_, out.data() + got, whole - got, static_cast<off_t>(offset + got));
+  const auto whole = (out.size() - head) / direct_alignment * direct_alignment;
+  const auto tail = out.size() - head - whole;
+  const auto first = offset + head - (head > 0 ? direct_alignment : 0);  // the first block read
+  std::array<iovec, 3> parts{};
+  std::size_t count = 0;
+  if (head > 0) parts[count++] = {block_.get(), direct_alignment};
+  parts[count++] = {out.data() + head, whole};
+  if (tail > 0) parts[count++] = {block_.get() + direct_alignment, direct_alignment};
+  std::size_t asked = 0;
+  for (std::size_t k = 0; k < count; ++k) asked += parts[k].iov_len;
+  const std::size_t needed = asked - (tail > 0 ? direct_alignment - tail : 0);  // past them: the rest of the last block
+  held_ = {0, 0};  // the aligned buffer is about to hold other bytes
+  std::size_t got = 0;  // fewer than `needed` only at the end of the file
+  while (got < asked) {
+    // The parts not read yet (a read cut short goes on where it stopped).
+    std::array<iovec, 3> rest{};
+    std::size_t n_rest = 0, skip = got;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (skip >= parts[k].iov_len) {
+        skip -= parts[k].iov_len;
+        continue;
+      }
+      rest[n_rest++] = {static_cast<std::byte*>(parts[k].iov_base) + skip, parts[k].iov_len - skip};
+      skip = 0;
+    }
+    const ssize_t n = ::preadv(direct_fd_, rest.data(), static_cast<int>(n_rest), static_cast<off_t>(first + got));
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL && got == 0) {
@@ -494,11 +517,10 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
     got += static_cast<std::size_t>(n);
     if (n == 0 || got % direct_alignment != 0) break;  // the end of the file
   }
-  const auto first = offset - head;
-  if (got < whole)
-    throw truncated(first, first + all.size(), offset + got);
-  if (head > 0) read_exactly(first, all.first(head), first, all.size());
-  if (whole < out.size()) read_exactly(offset + whole, out.subspan(whole), first, all.size());
+  if (got < needed)
+    throw truncated(offset, offset + out.size(), first + got);
+  if (head > 0) std::memcpy(out.data(), block_.get() + (direct_alignment - head), head);
+  if (tail > 0) std::memcpy(out.data() + head + whole, block_.get() + direct_alignment, tail);
   return true;
 }
 
