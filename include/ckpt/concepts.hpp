@@ -157,6 +157,14 @@ concept concurrent_reads = requires { requires S::concurrent_reads; };
 template <class W>
 concept reserves_space = requires(W& w, std::uint64_t bytes) { w.reserve(bytes); };
 
+/// A writer that can write from the caller's memory after `write` has returned offers
+/// `write_retained(bytes)`: the same as `write(bytes)`, but the caller keeps the bytes valid
+/// and unchanged until `sync`. Saves call it for raw chunks written from the tensors themselves,
+/// which stay put until the shard file is synced; posix with O_DIRECT then keeps its writes of
+/// them in flight across chunks instead of waiting for each chunk's writes before the next.
+template <class W>
+concept retains_writes = requires(W& w, std::span<const std::byte> bytes) { w.write_retained(bytes); };
+
 /// A Storage that can tell two writers to one root apart offers `lock_writer(bool wait)`: it
 /// returns a movable guard that holds the root's writer lock until destroyed, or throws a
 /// `busy` error (or, with `wait`, blocks) while another holder has it.

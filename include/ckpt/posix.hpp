@@ -108,6 +108,16 @@ class posix {
     /// 4 KiB block as the bytes lie into their page (a save places large raw chunks so:
     /// detail/format.hpp, placed_from); the rest is copied.
     void write(std::span<const std::byte> bytes);
+    /// The same as `write(bytes)`, for bytes the caller keeps valid and unchanged until `sync`
+    /// (concepts.hpp, retains_writes): with O_DIRECT, the writes from where they are stay in
+    /// flight when it returns, and the next bytes are queued behind them at once; `sync` (or the
+    /// writer's destruction) waits for them.
+    ///
+    /// @code
+    /// w.write_retained(tensor_bytes);  // tensor_bytes untouched until:
+    /// w.sync();
+    /// @endcode
+    void write_retained(std::span<const std::byte> bytes);
     /// Says that the file will hold at least `bytes` bytes (concepts.hpp, reserves_space): with
     /// O_DIRECT, the space is allocated now, in one step, instead of ahead of the writes as they
     /// go: ext4 waits for the writes in flight before each allocation, and a file written to its
@@ -149,14 +159,16 @@ class posix {
 
     /// Appends through the O_DIRECT buffers, handing each to the write queue as it fills. A
     /// caller's buffer that is itself aligned (pinned staging memory is) is written from in place.
-    void write_direct(std::span<const std::byte> bytes);
+    /// `retained`: the caller keeps the bytes until sync (write_retained).
+    void write_direct(std::span<const std::byte> bytes, bool retained);
     /// Hands the buffer being filled (whole blocks) to the write queue, which gives it back once
     /// written.
     void submit_buffer();
     /// Writes whole blocks of the caller's from where they are, several at once, and waits for
-    /// them: the caller may reuse its buffer when write() returns. Returns how many bytes it
-    /// wrote: fewer when the file system refused O_DIRECT, which ends direct writing.
-    std::size_t write_in_place(std::span<const std::byte> blocks);
+    /// them unless the caller keeps them until sync (`retained`): otherwise the caller may reuse
+    /// its buffer when write() returns. Returns how many bytes it queued: fewer when the file
+    /// system refused O_DIRECT, which ends direct writing.
+    std::size_t write_in_place(std::span<const std::byte> blocks, bool retained);
     /// Allocates file space up to `end` and beyond, so that the writes in flight overwrite
     /// allocated blocks (see most_allocated_ahead). Where the file system cannot (no fallocate, or no
     /// room for the step ahead), the writes extend the file as they go, one at a time.

@@ -289,7 +289,14 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
           table.file_offset[j.row] = pos;
           table.stored_size[j.row] = stored.size();
           table.xxh3[j.row] = sl.hash[k - it.first];
-          w.write(stored);
+          if constexpr (retains_writes<decltype(w)>) {
+            if (from_tensor)
+              w.write_retained(stored);  // the tensor stays put until the file is synced, below
+            else
+              w.write(stored);
+          } else {
+            w.write(stored);
+          }
           pos += stored.size();
         }
       });

@@ -75,9 +75,17 @@ CKPT_DECL posix::writer::~writer() {
   discard();
 }
 
+CKPT_DECL void posix::writer::write_retained(std::span<const std::byte> bytes) {
+  if (direct_) {
+    write_direct(bytes, true);
+    return;
+  }
+  write(bytes);
+}
+
 CKPT_DECL void posix::writer::write(std::span<const std::byte> bytes) {
   if (direct_) {
-    write_direct(bytes);
+    write_direct(bytes, false);
     return;
   }
   if (bytes.size() >= small_write) {
@@ -120,11 +128,11 @@ CKPT_DECL detail::write_queue& posix::writer::queue() {
   return *queue_;
 }
 
-CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes) {
+CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes, bool retained) {
   while (!bytes.empty() && direct_) {
     if (reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 && bytes.size() >= direct_alignment) {
       if (filled_ == 0) {
-        bytes = bytes.subspan(write_in_place(bytes.first(bytes.size() / direct_alignment * direct_alignment)));
+        bytes = bytes.subspan(write_in_place(bytes.first(bytes.size() / direct_alignment * direct_alignment), retained));
         continue;
       }
       // Aligned bytes after whole blocks in the buffer (a chunk after the padded tail of the one
@@ -159,13 +167,13 @@ CKPT_DECL void posix::writer::submit_buffer() {
   if (queue().refused()) stop_direct();
 }
 
-CKPT_DECL std::size_t posix::writer::write_in_place(std::span<const std::byte> blocks) {
+CKPT_DECL std::size_t posix::writer::write_in_place(std::span<const std::byte> blocks, bool retained) {
   allocate(position_ + blocks.size());
   std::size_t at = 0;
   for (; at < blocks.size() && !queue().refused(); at += direct_buffer_bytes)
     queue().submit(blocks.subspan(at, std::min(direct_buffer_bytes, blocks.size() - at)), position_ + at);
   at = std::min(at, blocks.size());
-  queue().wait_all();
+  if (!retained || queue().refused()) queue().wait_all();
   position_ += at;
   if (queue().refused()) stop_direct();
   return at;
