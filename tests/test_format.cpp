@@ -507,6 +507,23 @@ std::vector<std::byte> whole_file(const std::filesystem::path& p) {
 }
 }  // namespace
 
+TEST_CASE("chunk_start places a raw chunk of 1 MiB or more as far into a block as its bytes lie into their page") {
+  const std::uint64_t kib = 1024, mib = kib * kib;
+  // Packed, and aligned, whatever the memory.
+  CHECK(chunk_start(5000, 100, 64) == 5000);
+  CHECK(chunk_start(5000, 64 * kib, 64) == 8192);
+  CHECK(chunk_start(5000, mib - 1, 64) == 8192);
+  // Placed: the first offset from `end` on that is `in_page` bytes into a block.
+  CHECK(chunk_start(4096, mib, 64) == 4096 + 64);
+  CHECK(chunk_start(4096 + 64, mib, 64) == 4096 + 64);  // right after a chunk that ended there
+  CHECK(chunk_start(4096 + 65, mib, 64) == 8192 + 64);
+  CHECK(chunk_start(8191, 4 * mib, 16) == 8192 + 16);
+  CHECK(chunk_start(8192 + 16, 4 * mib, 4095) == 8192 + 4095);
+  // Page-aligned memory (or none: in_page 0): on a block boundary, as before.
+  CHECK(chunk_start(4097, mib, 0) == 8192);
+  CHECK(chunk_start(8192, mib, 4096) == 8192);
+}
+
 TEST_CASE("a version-2 shard file packs chunks under 64 KiB and starts larger ones on 4 KiB boundaries") {
   // Small chunks before, between and after large ones, around the threshold, and an empty one.
   const std::vector<std::size_t> sizes = {5, 12, 65535, 65536, 3, 0, 100000, 1, 40000, 70000, 4096, 7};
