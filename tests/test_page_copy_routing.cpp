@@ -834,12 +834,13 @@ std::vector<std::uint64_t> first_tensor_chunk_offsets(const std::filesystem::pat
 }
 }  // namespace
 
-TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move between disk and tensor with no copy") {
+TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move from disk to tensor (and, when asked, from tensor to disk) with no copy") {
   // O_DIRECT moves page-aligned memory at block-aligned file offsets only. PyTorch's tensors
   // (and this one) start 64 bytes into a page: a save places each large raw chunk 64 bytes into
-  // a block, writes the tensor's whole pages from the tensor itself, and a load into memory that
-  // lies the same way reads them straight into it; only the partial pages at a chunk's ends are
-  // copied, through the writer's or the reader's aligned buffer.
+  // a block, and a load into memory that lies the same way reads its whole pages straight into
+  // it; only the partial pages at a chunk's ends come through the reader's aligned buffer. The
+  // save copies the tensor into its buffers, unless posix_options::write_unaligned_in_place says
+  // to write the whole pages from the tensor itself: the same file either way.
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
   const std::size_t mib = std::size_t{1} << 20, bytes = 10 * mib + 1000;  // chunks of 4 MiB, 4 MiB and 2 MiB + 1000 bytes
@@ -851,20 +852,31 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   const auto inside = [](const placed_tensor& t, const call& c) {
     return c.buffer >= reinterpret_cast<std::uintptr_t>(t.data) && c.buffer < reinterpret_cast<std::uintptr_t>(t.data) + t.bytes;
   };
+  const auto written_from_tensor = [&](const std::vector<call>& writes) {
+    std::size_t n = 0;
+    for (const auto& c : writes)
+      if (inside(saved, c)) {
+        CHECK(c.o_direct);
+        CHECK(c.buffer % 4096 == 0);
+        n += c.bytes;
+      }
+    return n;
+  };
   ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
-  const auto writes = record([&] { cp.save(1, saved); });
+  auto writes = record([&] { cp.save(1, saved); });
   const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
   const auto offsets = first_tensor_chunk_offsets(shard);
   REQUIRE(offsets.size() == 3);
   CHECK(offsets == std::vector<std::uint64_t>{4096 + 64, 4096 + 64 + 4 * mib, 4096 + 64 + 8 * mib});  // no padding between
-  std::size_t written_from_tensor = 0;
-  for (const auto& c : writes)
-    if (inside(saved, c)) {
-      CHECK(c.o_direct);
-      CHECK(c.buffer % 4096 == 0);
-      written_from_tensor += c.bytes;
-    }
-  CHECK(written_from_tensor == whole_pages);
+  CHECK(written_from_tensor(writes) == 0);  // by default, memory that is not page-aligned is copied
+  {
+    test::temp_dir other;
+    ckpt::checkpointer<> in_place{{}, ckpt::posix(other.path(), {.write_unaligned_in_place = true}), {.threads = 2}};
+    writes = record([&] { in_place.save(1, saved); });
+    CHECK(first_tensor_chunk_offsets(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") == offsets);
+    CHECK(written_from_tensor(writes) == whole_pages);
+    CHECK(test::file_bytes(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") == test::file_bytes(shard));
+  }
 
   placed_tensor back(bytes, 64);
   REQUIRE(test::drop_from_cache(shard));

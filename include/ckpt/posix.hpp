@@ -61,9 +61,20 @@ struct posix_options {
   /// through the page cache first allocates a page for every 4 KiB and then copies it. On
   /// this project's VM, `dd` read 2.5 GiB from a dropped cache in 8.3-8.9 s through the page
   /// cache and in 3.2-5.7 s with O_DIRECT. Bytes already cached are read from the cache.
-  /// Chunks bound for page-aligned memory (a tensor that starts at a page, a load's own
-  /// buffers) are read straight into it; others through an aligned buffer and one copy.
+  /// Chunks bound for memory as far into its page as the chunk lies into its 4 KiB block in the
+  /// file (a tensor that starts at a page, a load's own buffers, and a 64-byte aligned tensor
+  /// loaded into memory that lies as the saved one did: a save places large chunks so) are read
+  /// straight into it; others through an aligned buffer and one copy.
   bool direct_reads = true;
+  /// With O_DIRECT, also write from where they are the whole pages of memory that is not
+  /// page-aligned, where the file position lies as far into its block as the bytes into their
+  /// page (a large raw chunk, placed so by the save), copying only the partial pages at either
+  /// end. Page-aligned memory is always written from where it is. Off by default: on this
+  /// project's VM the disk moved memory that two threads had filled 20-30 % slower than memory
+  /// filled by one thread, or the writer's own buffers, and a save of such 64-byte aligned
+  /// tensors took longer in place than with the copy (docs/performance.md, "Large chunks placed
+  /// for their memory").
+  bool write_unaligned_in_place = false;
   /// Chunks a load reads at once (`reads_in_flight()`), each on a worker that then verifies
   /// and copies it while the others wait for the disk; a worker reading with O_DIRECT holds a
   /// 4 MiB buffer during the load. One read per core leaves a disk with a deep queue (NVMe, a
@@ -103,10 +114,11 @@ class posix {
     /// one buffer of up to 1 MiB first: a state of thousands of small tensors would otherwise
     /// make a system call per chunk, and ext4 zeroes the rest of a new page-cache folio on
     /// every small write into it (a fifth of the time of saving 10 000 tensors of 1 KiB).
-    /// With O_DIRECT, the whole pages of large writes go to the disk from where they are, with
-    /// no copy into the writer's aligned buffer, where the file position lies as far into its
-    /// 4 KiB block as the bytes lie into their page (a save places large raw chunks so:
-    /// detail/format.hpp, placed_from); the rest is copied.
+    /// With O_DIRECT, page-aligned bytes go to the disk from where they are, with no copy into
+    /// the writer's aligned buffer, as do the whole pages of other large writes where the file
+    /// position lies as far into its 4 KiB block as the bytes into their page (a save places
+    /// large raw chunks so: detail/format.hpp, placed_from) and posix_options asks for it
+    /// (write_unaligned_in_place); the rest is copied.
     void write(std::span<const std::byte> bytes);
     /// The same as `write(bytes)`, for bytes the caller keeps valid and unchanged until `sync`
     /// (concepts.hpp, retains_writes): with O_DIRECT, the writes from where they are stay in
@@ -186,7 +198,7 @@ class posix {
     void flush();
 
     writer(int fd, std::filesystem::path temp, std::filesystem::path final_path, std::vector<std::filesystem::path> dirs,
-           bool direct, unsigned depth);
+           bool direct, unsigned depth, bool unaligned_in_place);
     void discard() noexcept;
     int fd_ = -1;
     std::filesystem::path temp_, final_;
@@ -195,6 +207,7 @@ class posix {
     std::uint64_t position_ = 0;               // bytes written, or handed to the write queue, so far
     bool direct_ = false;                      // the descriptor has O_DIRECT (see write_direct)
     unsigned depth_ = 1;                       // O_DIRECT writes in flight, at most
+    bool unaligned_in_place_ = false;          // posix_options::write_unaligned_in_place
     std::unique_ptr<detail::write_queue> queue_;  // the O_DIRECT writes and their buffers, on first use
     std::byte* block_ = nullptr;                  // the O_DIRECT buffer being filled (the queue's)
     std::size_t filled_ = 0;                      // bytes of block_ not yet written

@@ -55,9 +55,10 @@ inline constexpr std::uint64_t trailer_bytes = 40;
 /// O_DIRECT moves only block-aligned file ranges to and from page-aligned (512-byte aligned)
 /// memory, and tensors are seldom page-aligned: PyTorch's and most engines' allocators give 64
 /// bytes, and a large allocation starts 16 or 64 bytes into its page. Placed so, all but the
-/// first and last partial block of such a chunk go between the disk and the tensor itself, at
-/// save and at a load into memory at the same offset within its page, with no copy through an
-/// aligned buffer. Smaller chunks are not worth it: a load reads them ahead through its buffer.
+/// first and last partial block of such a chunk go from the disk into the tensor itself at a
+/// load into memory at the same offset within its page (and at save, where posix is asked to),
+/// with no copy through an aligned buffer. Smaller chunks are not worth it: a load reads them
+/// ahead through its buffer.
 inline constexpr std::uint64_t placed_from = std::uint64_t{1} << 20;
 
 inline std::uint64_t align_up(std::uint64_t x) { return (x + alignment - 1) / alignment * alignment; }

@@ -41,14 +41,14 @@ CKPT_DECL std::vector<std::filesystem::path> make_dirs(const std::filesystem::pa
 }  // namespace detail
 
 CKPT_DECL posix::writer::writer(int fd, std::filesystem::path temp, std::filesystem::path final_path,
-                                std::vector<std::filesystem::path> dirs, bool direct, unsigned depth)
+                                std::vector<std::filesystem::path> dirs, bool direct, unsigned depth, bool unaligned_in_place)
     : fd_(fd), temp_(std::move(temp)), final_(std::move(final_path)), dirs_(std::move(dirs)), direct_(direct),
-      depth_(std::max(depth, 1u)) {}
+      depth_(std::max(depth, 1u)), unaligned_in_place_(unaligned_in_place) {}
 
 CKPT_DECL posix::writer::writer(writer&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)), temp_(std::exchange(o.temp_, {})), final_(std::move(o.final_)),
       dirs_(std::move(o.dirs_)), pending_(std::move(o.pending_)), position_(o.position_), direct_(o.direct_),
-      depth_(o.depth_), queue_(std::move(o.queue_)), block_(std::exchange(o.block_, nullptr)), filled_(o.filled_),
+      depth_(o.depth_), unaligned_in_place_(o.unaligned_in_place_), queue_(std::move(o.queue_)), block_(std::exchange(o.block_, nullptr)), filled_(o.filled_),
       allocated_(o.allocated_), preallocate_(o.preallocate_) {}
 
 CKPT_DECL posix::writer& posix::writer::operator=(writer&& o) noexcept {
@@ -62,6 +62,7 @@ CKPT_DECL posix::writer& posix::writer::operator=(writer&& o) noexcept {
     position_ = o.position_;
     direct_ = o.direct_;
     depth_ = o.depth_;
+    unaligned_in_place_ = o.unaligned_in_place_;
     queue_ = std::move(o.queue_);
     block_ = std::exchange(o.block_, nullptr);
     filled_ = o.filled_;
@@ -129,8 +130,14 @@ CKPT_DECL detail::write_queue& posix::writer::queue() {
 }
 
 CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes, bool retained) {
+  // Memory that is not page-aligned is copied, unless asked otherwise (write_unaligned_in_place),
+  // even where the copying brings the rest of it to a page boundary (as it does for a chunk
+  // placed for its memory): see posix_options.
+  const bool may_write_in_place =
+      unaligned_in_place_ || reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0;
   while (!bytes.empty() && direct_) {
-    if (reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 && bytes.size() >= direct_alignment) {
+    if (may_write_in_place && reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment == 0 &&
+        bytes.size() >= direct_alignment) {
       if (filled_ == 0) {
         bytes = bytes.subspan(write_in_place(bytes.first(bytes.size() / direct_alignment * direct_alignment), retained));
         continue;
@@ -145,10 +152,11 @@ CKPT_DECL void posix::writer::write_direct(std::span<const std::byte> bytes, boo
     if (block_ == nullptr) block_ = queue().acquire();
     auto n = std::min(direct_buffer_bytes - filled_, bytes.size());
     // Bytes as far into their page as the file position is into its block (a large chunk placed
-    // for its memory, detail/format.hpp): copied only up to the block boundary, from where they
-    // are page-aligned and go out from where they are (above).
+    // for its memory, detail/format.hpp), where asked to (posix_options::write_unaligned_in_place):
+    // copied only up to the block boundary, from where they are page-aligned and go out from
+    // where they are (above).
     const auto in_page = reinterpret_cast<std::uintptr_t>(bytes.data()) % direct_alignment;
-    if (in_page != 0 && (position_ + filled_) % direct_alignment == in_page &&
+    if (unaligned_in_place_ && in_page != 0 && (position_ + filled_) % direct_alignment == in_page &&
         bytes.size() >= direct_alignment - in_page + direct_buffer_bytes)
       n = std::min<std::size_t>(n, direct_alignment - in_page);
     std::memcpy(block_ + filled_, bytes.data(), n);
@@ -307,7 +315,8 @@ CKPT_DECL posix::writer posix::create(std::string_view key) {
     const int flags = ::fcntl(fd, F_GETFL);
     direct = flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
   }
-  return writer(fd, std::move(temp), final_path, std::move(dirs), direct, options_.writes_in_flight);
+  return writer(fd, std::move(temp), final_path, std::move(dirs), direct, options_.writes_in_flight,
+                options_.write_unaligned_in_place);
 }
 
 CKPT_DECL posix::reader posix::open_reader(std::string_view key) const {
