@@ -836,8 +836,8 @@ std::vector<std::uint64_t> first_tensor_chunk_offsets(const std::filesystem::pat
 
 TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move from disk to tensor (and, when asked, from tensor to disk) with no copy") {
   // O_DIRECT moves page-aligned memory at block-aligned file offsets only. PyTorch's tensors
-  // (and this one) start 64 bytes into a page: a save places each large raw chunk 64 bytes into
-  // a block, and a load into memory that lies the same way reads its whole pages straight into
+  // (and this one) start 64 bytes into a page: a save asked to (place_for_memory) places each
+  // large raw chunk 64 bytes into a block, and a load into memory that lies the same way reads its whole pages straight into
   // it; only the partial pages at a chunk's ends come through the reader's aligned buffer. The
   // save copies the tensor into its buffers, unless posix_options::write_unaligned_in_place says
   // to write the whole pages from the tensor itself: the same file either way.
@@ -862,7 +862,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
       }
     return n;
   };
-  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2, .place_for_memory = true}};
   auto writes = record([&] { cp.save(1, saved); });
   const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
   const auto offsets = first_tensor_chunk_offsets(shard);
@@ -870,8 +870,15 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   CHECK(offsets == std::vector<std::uint64_t>{4096 + 64, 4096 + 64 + 4 * mib, 4096 + 64 + 8 * mib});  // no padding between
   CHECK(written_from_tensor(writes) == 0);  // by default, memory that is not page-aligned is copied
   {
+    test::temp_dir other;  // without place_for_memory: on block boundaries, as before
+    ckpt::checkpointer<> plain{{}, other.path(), {.threads = 2}};
+    plain.save(1, saved);
+    CHECK(first_tensor_chunk_offsets(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") ==
+          std::vector<std::uint64_t>{4096, 4096 + 4 * mib, 4096 + 8 * mib});
+  }
+  {
     test::temp_dir other;
-    ckpt::checkpointer<> in_place{{}, ckpt::posix(other.path(), {.write_unaligned_in_place = true}), {.threads = 2}};
+    ckpt::checkpointer<> in_place{{}, ckpt::posix(other.path(), {.write_unaligned_in_place = true}), {.threads = 2, .place_for_memory = true}};
     writes = record([&] { in_place.save(1, saved); });
     CHECK(first_tensor_chunk_offsets(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") == offsets);
     CHECK(written_from_tensor(writes) == whole_pages);
@@ -977,7 +984,7 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
   // (the save placed it as far into a block as the tensor lay into its page), so the disk fills
   // them without the reader's aligned buffer and its copy: one read of 4 MiB each, not 16 of
   // 256 KiB. The tensors are page-aligned, or 64 bytes into a page at save and at load, as
-  // PyTorch's are.
+  // PyTorch's are (saved with place_for_memory).
   for (const std::size_t shift : {std::size_t{0}, std::size_t{64}}) {
     CAPTURE(shift);
     test::temp_dir dir;
@@ -987,7 +994,7 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
     std::mt19937 rng(18);
     test::fill_bytes(std::span<std::byte>(whole.start + shift, rows * row_bytes), rng);
     whole_tensor saved{whole.start + shift};
-    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
+    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2, .place_for_memory = true}};
     cp.save(1, saved);
     const std::uint64_t first = 512, count = 2048;
     test::page_block block(count * row_bytes + 4096);

@@ -37,6 +37,15 @@ struct checkpointer_options {
   /// at least one chunk's worth is always used. Raw chunks of host tensors need none. An async
   /// save additionally snapshots the state it writes (see checkpointer::save_async).
   std::uint64_t buffer_bytes = std::uint64_t{256} << 20;
+  /// Place each raw chunk of 1 MiB or more in its shard file as far into a 4 KiB block as the
+  /// tensor's bytes lie into their memory page (docs/format.md, section 6.3), so that a load
+  /// into memory that lies the same way (PyTorch's 64-byte aligned tensors, 64 bytes into their
+  /// first page, at save and at load) reads them with O_DIRECT straight into the tensors,
+  /// without the copy through an aligned buffer: on this project's VM, cold loads of 1 GiB of
+  /// such fp32 tensors took 0.27-0.30 s instead of 0.40-0.43. Off by default: the same VM's
+  /// saves of such tensors took about a quarter longer with it, for a reason not yet found
+  /// (docs/performance.md, "Large chunks placed for their memory"). Every reader reads either.
+  bool place_for_memory = false;
   /// Nice value of a save_async's background threads (Linux, where nice is per thread): above 0
   /// they yield the CPU to the training loop and write with what is left. 0 keeps the caller's.
   int async_nice = 10;

@@ -314,8 +314,9 @@ class posix {
     /// bytes into its memory page as `offset` is into its 4 KiB block, and the bytes not in the
     /// page cache. O_DIRECT needs page-aligned memory at block-aligned offsets: the whole pages
     /// of `out` are read straight into it, the partial pages at its ends through the reader's
-    /// aligned buffer, in the same request. A save places each large raw chunk of a tensor in the file as far into a block as
-    /// the tensor's bytes lay into their page (detail/format.hpp, placed_from), so a load into
+    /// aligned buffer, in the same request. A save asked to (checkpointer_options::place_for_memory)
+    /// places each large raw chunk of a tensor as far into a block as its bytes lay into their
+    /// page (detail/format.hpp, placed_from), so a load into
     /// memory that lies the same way (PyTorch's 64-byte aligned tensors, 64 bytes into their
     /// first page, at save and at load) reads in place; others go through the reader's aligned
     /// buffer and one copy.

@@ -47,6 +47,7 @@ struct stored_value {
 struct write_settings {
   unsigned threads = 0;                               // encode/hash workers (0: one per core, at most 8)
   std::uint64_t buffer_bytes = std::uint64_t{256} << 20;  // host buffers in flight, at most
+  bool place_for_memory = false;                          // checkpointer_options::place_for_memory
 };
 
 /// The codec id a chunk of tensor `t` is stored with: the codec's own, or its per-tensor choice.
@@ -187,11 +188,12 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
     for (auto& sl : ring) sl.staging.resize(static_cast<std::size_t>(most_staged), device);  // borrowed once, here
 
   // Where a raw chunk written from the tensor's own memory lies within its page: the file puts
-  // it at the same offset within a block, so that O_DIRECT moves it without a copy (format.hpp,
-  // placed_from). Called on this thread, as the stage below calls host_view.
+  // it at the same offset within a block where asked (write_settings::place_for_memory), so
+  // that O_DIRECT moves it without a copy (format.hpp, placed_from). Called on this thread, as
+  // the stage below calls host_view.
   const auto in_page = [&](const shard_chunk& j) -> std::uint64_t {
     if constexpr (in_place)
-      if (j.codec == 0 && j.slice.contiguous)
+      if (settings.place_for_memory && j.codec == 0 && j.slice.contiguous)
         return reinterpret_cast<std::uintptr_t>(device.host_view(tensors[j.tensor].ref) + j.slice.byte_offset) % alignment;
     return 0;
   };
@@ -282,9 +284,10 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
           const auto& j = jobs[k];
           const auto stored = sl.stored[k - it.first];
           // Smaller chunks follow the one before at once; raw ones written from a tensor's memory
-          // are placed for it (as in_page says: `stored` is that memory).
+          // are placed for it where asked (as in_page says: `stored` is that memory).
           const bool from_tensor = in_place && j.codec == 0 && j.slice.contiguous;
-          pad_to(chunk_start(pos, stored.size(), from_tensor ? reinterpret_cast<std::uintptr_t>(stored.data()) % alignment : 0));
+          const bool placed = from_tensor && settings.place_for_memory;
+          pad_to(chunk_start(pos, stored.size(), placed ? reinterpret_cast<std::uintptr_t>(stored.data()) % alignment : 0));
           auto& table = out.index.tensors[j.tensor].chunks;
           table.file_offset[j.row] = pos;
           table.stored_size[j.row] = stored.size();

@@ -240,7 +240,7 @@ std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::w
     const detail::save_plan& plan, std::optional<detail::shard_plan>& own, Dev& device) {
   if (!own) return std::nullopt;
   return detail::write_shard(storage_, plan.tag, std::move(*own), plan.mine, plan.values, codec_, device,
-                             detail::write_settings{options_.threads, options_.buffer_bytes});
+                             detail::write_settings{options_.threads, options_.buffer_bytes, options_.place_for_memory});
 }
 
 template <class Policy, class Store, class Enc, class Device>
