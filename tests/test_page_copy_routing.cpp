@@ -697,6 +697,17 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
 }
 
 namespace {
+/// Flips one bit of the byte at `position` in `file` (a damaged chunk).
+void flip_byte(const std::filesystem::path& file, std::uint64_t position) {
+  std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+  const auto pos = static_cast<std::streamoff>(position);
+  f.seekg(pos);
+  char c = 0;
+  f.get(c);
+  f.seekp(pos);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
 /// One f32 tensor in memory the test places: page-aligned, or 64 bytes into a page.
 struct placed_tensor {
   std::size_t bytes;
@@ -796,15 +807,7 @@ TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk strai
   CHECK(same(refused));
 
   // A flipped byte in the second chunk: the load names the file, the tensor and the chunk.
-  {
-    std::fstream f(shard, std::ios::binary | std::ios::in | std::ios::out);
-    const auto pos = static_cast<std::streamoff>(into_tensor[1].position + 12345);
-    f.seekg(pos);
-    char c = 0;
-    f.get(c);
-    f.seekp(pos);
-    f.put(static_cast<char>(c ^ 0x10));
-  }
+  flip_byte(shard, into_tensor[1].position + 12345);
   REQUIRE(test::drop_from_cache(shard));
   placed_tensor damaged(bytes, 0);
   try {
@@ -911,15 +914,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
 
   // A flipped byte in the partial page at the start of the second chunk, which a load copies
   // from its buffer: still verified, the file, tensor and chunk named.
-  {
-    std::fstream f(shard, std::ios::binary | std::ios::in | std::ios::out);
-    const auto pos = static_cast<std::streamoff>(offsets[1] + 10);
-    f.seekg(pos);
-    char c = 0;
-    f.get(c);
-    f.seekp(pos);
-    f.put(static_cast<char>(c ^ 0x10));
-  }
+  flip_byte(shard, offsets[1] + 10);
   REQUIRE(test::drop_from_cache(shard));
   placed_tensor damaged(bytes, 64);
   try {
