@@ -184,7 +184,7 @@ TEST_CASE("capabilities: ckpt's own back ends offer exactly the optional members
   static_assert(reserves_space<ckpt::posix::writer> && !reserves_space<ckpt::memory_storage::writer>);
   static_assert(retains_writes<ckpt::posix::writer> && !retains_writes<ckpt::memory_storage::writer>);
   static_assert(concurrent_reads<ckpt::memory_storage> && !lockable_root<ckpt::memory_storage>);
-  static_assert(has_host_view<ckpt::host_copy> && !lends_buffers<ckpt::host_copy>);
+  static_assert(has_host_view<ckpt::host_copy> && !lends_buffers<ckpt::host_copy> && !starts_copies<ckpt::host_copy>);
   static_assert(chooses_per_tensor<ckpt::auto_codec> && encodes_with<ckpt::auto_codec>);
   static_assert(!chooses_per_tensor<ckpt::zstd> && !encodes_with<ckpt::raw>);
   static_assert(reports_thread_safety<ckpt::in_process> && chooses_tensors<ckpt::in_process>);

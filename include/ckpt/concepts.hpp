@@ -333,10 +333,13 @@ constexpr bool diagnose_codec() {
 /// How tensor bytes travel between where they live and host memory. `host_copy` handles host
 /// tensors; `ckpt::cuda::device_copy` (`<ckpt/cuda/device_copy.hpp>`) GPU tensors.
 ///
-/// Two optional members speed things up: `std::byte* host_view(const tensor_ref&) const` (the
-/// bytes are addressable in place: raw chunks are written and loaded without a copy), and
+/// Three optional members speed things up: `std::byte* host_view(const tensor_ref&) const` (the
+/// bytes are addressable in place: raw chunks are written and loaded without a copy),
 /// `ckpt::lent_buffer lend(std::size_t n)` (the pipelines borrow their host buffers from the
-/// policy, e.g. pinned memory, and copies to and from them can skip a bounce buffer).
+/// policy, e.g. pinned memory, and copies to and from them can skip a bounce buffer), and
+/// `start_to_host(t, offset, dst)`, returning a handle with `wait()` (a copy left in flight: the
+/// save pipeline enqueues the next chunk's copy before the last one has landed, and waits on
+/// the handle before it hashes the chunk).
 ///
 /// @code
 /// struct my_device {
@@ -368,6 +371,17 @@ template <class D>
 concept lends_buffers = requires(D& d, std::size_t n) {
   { d.lend(n) } -> std::same_as<lent_buffer>;
 };
+
+/// A DevicePolicy that can leave a copy to host memory in flight: `start_to_host` returns a
+/// handle whose `wait()` returns once the bytes are in `dst` (and whose destructor waits too).
+template <class D>
+concept starts_copies = requires(D& d, const tensor_ref& t, std::uint64_t off, std::span<std::byte> dst) {
+  d.start_to_host(t, off, dst).wait();
+};
+
+/// The handle a `starts_copies` policy's `start_to_host` returns.
+template <starts_copies D>
+using started_copy = decltype(std::declval<D&>().start_to_host(std::declval<const tensor_ref&>(), std::uint64_t{}, std::span<std::byte>{}));
 
 template <class D>
 constexpr bool diagnose_device_policy() {

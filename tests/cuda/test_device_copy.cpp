@@ -17,11 +17,15 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using policy = ckpt::cuda::basic_device_copy<fake::runtime>;
+// The capabilities the pipelines look for: pinned buffers lent, and copies left in flight.
+static_assert(ckpt::detail::lends_buffers<policy> && ckpt::detail::starts_copies<policy>);
+static_assert(std::is_same_v<ckpt::detail::started_copy<policy>, policy::host_copy>);
 using gpu_checkpointer = ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage, ckpt::raw, policy>;
 
 // The ring alone (nothing lent to the pipelines), so every copy goes through it.
@@ -421,4 +425,111 @@ TEST_CASE("a user stream on another GPU than the tensors: ckpt's copies still wa
   CHECK(calls.back() == "wait user");
   CHECK(rt.current_device_now() == 0);
   CHECK(rt.errors_left().empty());
+}
+
+TEST_CASE("copies into lent buffers stay in flight: a save enqueues the next chunk before the last has landed") {
+  fake::runtime rt;
+  rt.st->copy_delay = std::chrono::microseconds(2000);  // a worker that read before the copy landed would hash stale bytes
+  {
+    ckpt::memory_storage mem;
+    gpu_checkpointer cp{{}, mem, {.keep_last_n = 2, .chunk_bytes = 64 << 10, .buffer_bytes = 512 << 10}, {},
+                        policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 4 << 20}}};
+    gpu_state s;
+    for (int i = 0; i < 2; ++i) s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{128 * 1024}, 0, 40 + static_cast<std::uint64_t>(i));
+    const auto saved = s;
+    const auto events_before = rt.st->events_alive;
+    rt.set_device(0);  // the engine's GPU: a call made without one below is a worker's
+    cp.save(1, s);
+    // Before, each chunk's copy was waited for before the next was enqueued: one at a time.
+    CHECK(rt.st->max_copies_in_flight >= 2);
+    // The context's 5 events (ring and ordering), and one per copy in flight, reused: at most
+    // the pipeline's 8 slots and one more, where one per chunk would be 16.
+    CHECK(rt.st->events_alive - events_before <= 5 + 8 + 1);
+    CHECK(rt.st->calls_without_device == 0);  // the workers waited on the tensors' GPU
+    CHECK(rt.errors_left().empty());
+    scramble(s);
+    cp.load(s);
+    CHECK(same(s, saved));  // every chunk was hashed and written after its bytes landed
+  }
+  CHECK(rt.st->pinned_now == 0);
+  CHECK(rt.st->events_alive == 0);
+}
+
+TEST_CASE("start_to_host: wait, a handle destroyed unwaited, memory not lent, and a failure naming the tensor") {
+  fake::runtime rt;
+  rt.st->copy_delay = std::chrono::milliseconds(50);  // long enough that two starts come before either lands
+  policy p{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 1 << 20}};
+  device_tensor t(ckpt::dtype::i32, ckpt::shape_t{2, 32 * 1024}, 0, 77);  // 256 KiB
+  const auto n = t.bytes.size() / 2;
+  auto buf = p.lend(t.bytes.size());
+  REQUIRE(buf.data() != nullptr);
+  auto lands = [&](std::size_t from) { return std::equal(t.bytes.begin() + from, t.bytes.begin() + from + n, buf.data() + from); };
+
+  SUBCASE("waited for on a thread that never chose a GPU") {
+    auto first = p.start_to_host(t.ref(), 0, {buf.data(), n});
+    auto second = p.start_to_host(t.ref(), n, {buf.data() + n, n});
+    CHECK(rt.st->copies_in_flight == 2);  // both enqueued, neither landed yet
+    int device_after = 99;
+    const std::uint64_t without_before = rt.st->calls_without_device;
+    std::thread([&] {
+      first.wait();
+      second.wait();
+      device_after = rt.current_device_now();
+    }).join();
+    CHECK(lands(0));
+    CHECK(lands(n));
+    CHECK(device_after == -1);  // put back: no GPU made current on the waiting thread
+    CHECK(rt.st->calls_without_device == without_before);  // and none of its calls ran without one
+    first.wait();  // a second wait returns at once
+  }
+  SUBCASE("destroyed unwaited: it waits, so the buffer is never written after it") {
+    { auto h = p.start_to_host(t.ref(), n, {buf.data() + n, n}); }
+    CHECK(rt.st->copies_in_flight == 0);
+    CHECK(lands(n));
+  }
+  SUBCASE("into memory not lent: done before it returns") {
+    std::vector<std::byte> plain(n);
+    auto h = p.start_to_host(t.ref(), 0, plain);
+    CHECK(std::equal(plain.begin(), plain.end(), t.bytes.begin()));
+    h.wait();
+  }
+  SUBCASE("a copy that fails in flight is a ckpt::error naming the tensor and the bytes when waited for") {
+    auto h = p.start_to_host(t.ref(), n, {buf.data() + n, n});
+    rt.st->fail_on["sync event"] = {rt.st->uses["sync event"] + 1, "cudaErrorIllegalAddress: an illegal memory access was encountered"};
+    try {
+      h.wait();
+      FAIL("no error");
+    } catch (const ckpt::error& e) {
+      const std::string m = e.what();
+      CHECK(e.kind() == ckpt::error_kind::io);
+      CHECK(m.find("cudaEventSynchronize (device to host) failed: cudaErrorIllegalAddress") != std::string::npos);
+      CHECK(m.find("i32[2,32768] on cuda:0") != std::string::npos);
+      CHECK(m.find("bytes [131072, 262144)") != std::string::npos);
+    }
+    CAPTURE(joined(rt.errors_left()));
+    CHECK(rt.errors_left().empty());
+    // The fake's copy still lands later (a real GPU's context is lost after such an error):
+    // the buffer must outlive it here.
+    while (rt.st->copies_in_flight != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST_CASE("save_async's snapshot enqueues every tensor's copy before it waits for the first") {
+  fake::runtime rt;
+  rt.st->copy_delay = std::chrono::microseconds(2000);
+  {
+    ckpt::memory_storage mem;
+    gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 64 << 20}}};
+    gpu_state s;
+    for (int i = 0; i < 6; ++i) s.tensors.emplace_back(ckpt::dtype::bf16, ckpt::shape_t{64 * 1024}, 0, 60 + static_cast<std::uint64_t>(i));
+    const auto before = s;
+    auto h = cp.save_async(1, s);
+    CHECK(rt.st->max_copies_in_flight >= 6);
+    for (auto& t : s.tensors) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0x5A});  // the snapshot is taken
+    h.wait();
+    scramble(s);
+    cp.load(s);
+    CHECK(same(s, before));
+  }
+  CHECK(rt.st->pinned_now == 0);
 }

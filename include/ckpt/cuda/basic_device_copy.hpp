@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../error.hpp"
@@ -47,10 +48,11 @@ struct device_copy_options {
 
 /// Tensors in GPU memory (`ckpt::device::cuda(n)`), and host tensors too.
 ///
-/// Saving: each chunk is copied device → host in pieces of `slot_bytes` through a ring of
-/// pinned buffers on ckpt's own stream; while piece k is copied out of its pinned buffer into
-/// the save pipeline, pieces k+1... are already crossing PCIe, and the pipeline's workers hash,
-/// encode and write the previous chunks meanwhile.
+/// Saving: a chunk staged into a buffer this policy lent is one copy, and the save pipeline
+/// leaves it in flight (`start_to_host`) while it enqueues the next chunk's; the worker that
+/// hashes the chunk waits for it. Into other memory, each chunk is copied device → host in
+/// pieces of `slot_bytes` through a ring of pinned buffers on ckpt's own stream; while piece k
+/// is copied out of its pinned buffer, pieces k+1... are already crossing PCIe.
 ///
 /// Loading: host bytes go into the pinned ring and host → device on ckpt's stream, straight
 /// into the tensor; `from_host` returns once they have landed.
@@ -125,6 +127,106 @@ class basic_device_copy {
         std::memcpy(dst.data() + at, s.host, len);
       }
     });
+  }
+
+ private:
+  struct gpu_context;
+
+ public:
+  /// A copy `start_to_host` left in flight. `wait()` returns once its bytes are in host memory,
+  /// or throws the runtime's error as a `ckpt::error` naming the tensor and the byte range. A
+  /// handle destroyed unwaited waits (ignoring errors), so the buffer is never written after it
+  /// is gone. A handle must not outlive the device_copy that started it.
+  class host_copy {
+   public:
+    host_copy() = default;
+    host_copy(host_copy&& o) noexcept
+        : ctx_(std::exchange(o.ctx_, nullptr)), event_(o.event_), t_(std::move(o.t_)), at_(o.at_), len_(o.len_) {}
+    host_copy& operator=(host_copy&& o) noexcept {
+      if (this != &o) {
+        settle();
+        ctx_ = std::exchange(o.ctx_, nullptr);
+        event_ = o.event_;
+        t_ = std::move(o.t_);
+        at_ = o.at_;
+        len_ = o.len_;
+      }
+      return *this;
+    }
+    host_copy(const host_copy&) = delete;
+    host_copy& operator=(const host_copy&) = delete;
+    ~host_copy() { settle(); }
+
+    void wait() {
+      if (!ctx_) return;
+      auto* ctx = std::exchange(ctx_, nullptr);
+      // On the tensor's GPU: a worker thread that never chose one would otherwise make a
+      // context on GPU 0 for the wait.
+      detail::device_guard<Runtime> guard(*ctx->rt);
+      try {
+        ctx->rt->set_device(ctx->device);
+        ctx->rt->sync(event_);
+      } catch (const typename Runtime::failure& e) {
+        ctx->rt->clear_error();  // reported here, as a ckpt::error
+        ctx->give_back(event_);
+        throw error(error_kind::io, std::string("cuda::device_copy: cudaEventSynchronize (device to host) failed: ") + e.what() +
+                                        " (tensor " + describe(*t_) + ", bytes [" + std::to_string(at_) + ", " +
+                                        std::to_string(at_ + len_) + "))");
+      }
+      ctx->give_back(event_);
+    }
+
+   private:
+    friend class basic_device_copy;
+    void settle() noexcept {
+      try {
+        wait();
+      } catch (...) {  // a destructor cannot report it; the bytes are not used
+      }
+    }
+    gpu_context* ctx_ = nullptr;
+    typename Runtime::event event_{};
+    std::optional<tensor_ref> t_;  // for the error's text
+    std::uint64_t at_ = 0, len_ = 0;
+  };
+
+  /// Starts copying bytes [offset, offset + dst.size()) of `t` into `dst` and returns without
+  /// waiting for them, where `dst` lies in a buffer this policy lent: the caller enqueues the
+  /// next copy while this one crosses PCIe, and waits on the handle before it reads `dst`. Into
+  /// other memory (and for host tensors) the copy is done before this returns, as `to_host`
+  /// does it, and the handle is already complete. The save pipeline stages chunks this way.
+  ///
+  /// @code
+  /// auto first = dev.start_to_host(t, 0, {buf.data(), n});
+  /// auto second = dev.start_to_host(t, n, {buf.data() + n, n});  // enqueued behind the first
+  /// first.wait();                                                 // buf's first n bytes are in
+  /// @endcode
+  host_copy start_to_host(const tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) {
+    check(t, offset, dst.size());
+    if (dst.empty() || t.where().type == device::kind::host || !lent_->holds(dst.data(), dst.size())) {
+      to_host(t, offset, dst);
+      return {};
+    }
+    detail::device_guard<Runtime> guard(*rt_);
+    auto& ctx = context(t.where().id, t);
+    host_copy h;
+    drained_on_failure(ctx, [&] {
+      order_after_user(ctx, t);
+      const auto n = dst.size();
+      const auto e = ctx.take_event([&] {
+        typename Runtime::event fresh{};
+        call(t, 0, 0, "cudaEventCreateWithFlags", [&] { fresh = rt_->make_event(); });
+        return fresh;
+      });
+      h.ctx_ = &ctx;  // from here on the handle gives the event back, whatever happens
+      h.event_ = e;
+      h.t_.emplace(t);
+      h.at_ = offset;
+      h.len_ = n;
+      call(t, offset, n, "cudaMemcpyAsync (device to host)", [&] { rt_->copy_async(dst.data(), t.data() + offset, n, ctx.stream); });
+      call(t, offset, n, "cudaEventRecord", [&] { rt_->record(e, ctx.stream); });
+    });
+    return h;
   }
 
   /// Copies `src` into `t` at byte `offset`; returns once the bytes are on the device.
@@ -204,6 +306,30 @@ class basic_device_copy {
     typename Runtime::stream stream{};
     typename Runtime::event before{}, after{};
     std::vector<slot> slots;
+    // Events for copies left in flight (host_copy): taken on the thread that starts a copy,
+    // given back on the one that waits for it.
+    std::mutex idle_mu;
+    std::vector<typename Runtime::event> idle_events;
+    template <class Make>
+    typename Runtime::event take_event(Make&& make) {
+      {
+        std::lock_guard lock(idle_mu);
+        if (!idle_events.empty()) {
+          auto e = idle_events.back();
+          idle_events.pop_back();
+          return e;
+        }
+      }
+      return make();
+    }
+    void give_back(typename Runtime::event e) noexcept {
+      std::lock_guard lock(idle_mu);
+      try {
+        idle_events.push_back(e);
+      } catch (...) {
+        rt->destroy(e);
+      }
+    }
     ~gpu_context() {
       detail::device_guard<Runtime> guard(*rt);
       try {
@@ -218,6 +344,7 @@ class basic_device_copy {
         if (s.host) rt->host_free(s.host);
         rt->destroy(s.done);
       }
+      for (auto e : idle_events) rt->destroy(e);
       rt->destroy(before);
       rt->destroy(after);
       rt->destroy(stream);

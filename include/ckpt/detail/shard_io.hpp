@@ -178,6 +178,7 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
                                           : static_cast<std::size_t>(std::clamp<std::uint64_t>(settings.buffer_bytes / per_slot, 1, 64));
   struct slot {
     staging_buffer<D> staging;        // the item's chunks one after the other; pinned memory when the DevicePolicy lends it
+    copies_in_flight<D> copies;       // into `staging`; declared after it, so waited for before it is given back
     std::vector<std::byte> gathered;  // boxes of host tensors, gathered by a worker
     std::vector<std::byte> encoded;
     std::vector<std::span<const std::byte>> plain, stored;  // per chunk of the item
@@ -237,7 +238,7 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
             if (j.slice.contiguous) sl.plain[k - it.first] = {device.host_view(ref) + j.slice.byte_offset, j.slice.bytes};
           } else {
             const auto part = sl.staging.span().subspan(at, j.slice.bytes);
-            device.to_host(ref, j.slice.byte_offset, part);
+            sl.copies.start(device, ref, j.slice.byte_offset, part);  // waited for by the worker
             sl.plain[k - it.first] = part;
             at += j.slice.bytes;
           }
@@ -246,6 +247,7 @@ written_shard write_shard(S& storage, const std::string& tag, shard_plan&& plan,
       [&](std::size_t i, std::size_t s) {  // gather, encode and hash, on a worker
         const auto& it = items[i];
         auto& sl = ring[s];
+        sl.copies.wait();  // the staged bytes have landed
         sl.stored.resize(it.last - it.first);
         sl.hash.resize(it.last - it.first);
         sl.gathered.resize(static_cast<std::size_t>(it.gathered));

@@ -24,6 +24,9 @@ class snapshot_buffers {
   /// borrow from `owner`.
   template <class Via>
   void take(save_plan& plan, Via& via, Device& owner) {
+    // GPU tensors' copies into lent buffers are enqueued one behind the other and waited for
+    // together, at the end: one wait per tensor left the copy engine idle between tensors.
+    copies_in_flight<Via> copies;
     std::size_t k = 0;
     for (auto& t : plan.mine) {
       if (k == buffers_.size()) buffers_.emplace_back();
@@ -44,13 +47,14 @@ class snapshot_buffers {
       } else if (host) {
         if (bytes != 0) std::memcpy(into.data(), t.ref.data(), bytes);
       } else {
-        via.to_host(t.ref, 0, into);
+        copies.start(via, t.ref, 0, into);
       }
       tensor_ref copy(t.ref.type(), t.ref.shape(), into.data());
       if (t.ref.shard()) copy.sharded(*t.ref.shard());
       copy.laid_out(t.ref.order());  // a column-major tensor stays one
       t.ref = std::move(copy);
     }
+    copies.wait();
   }
 
  private:

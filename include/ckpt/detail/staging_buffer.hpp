@@ -4,13 +4,15 @@
 // ordinary vectors.
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
-#include <type_traits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../concepts.hpp"
 #include "../lent_buffer.hpp"
+#include "../tensor.hpp"
 
 namespace ckpt::detail {
 
@@ -85,6 +87,34 @@ class staging_buffer {
       vec_;
   std::size_t size_ = 0;
   bool lent_used_ = false;
+};
+
+/// The copies into staging buffers that a DevicePolicy left in flight (`starts_copies`), for
+/// one pipeline slot or one snapshot: `start` enqueues a copy, and `wait` returns once all have
+/// landed. Destroying it waits too, so it is declared after the buffers it fills. A policy that
+/// cannot leave a copy in flight makes each at once, with `to_host`.
+template <class D>
+class copies_in_flight {
+ public:
+  void start(D& device, const tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) { device.to_host(t, offset, dst); }
+  void wait() noexcept {}
+};
+
+template <starts_copies D>
+class copies_in_flight<D> {
+ public:
+  void start(D& device, const tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) {
+    started_.push_back(device.start_to_host(t, offset, dst));
+  }
+  /// Waits for every copy started, in order; the first failure is thrown (the copies after it
+  /// are waited for when this is destroyed or waited on again).
+  void wait() {
+    for (auto& c : started_) c.wait();
+    started_.clear();
+  }
+
+ private:
+  std::vector<started_copy<D>> started_;
 };
 
 }  // namespace ckpt::detail
