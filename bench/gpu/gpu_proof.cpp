@@ -264,7 +264,8 @@ int main(int argc, char** argv) {
     cuda(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), "cudaHostAlloc");
     std::unique_ptr<void, void (*)(void*)> pinned_owner(pinned, [](void* p) { cudaFreeHost(p); });
     std::vector<std::byte> pageable(bytes);
-    std::vector<double> d2h, staged, staged_waited, staged16, ring, raw_qd1, raw_8x8, raw_32x1, save, async_block;
+    std::vector<double> d2h, h2d, staged, staged_waited, staged16, ring, raw_qd1, raw_8x8, raw_32x1, save, async_block;
+    std::vector<double> read_qd1, read_8x8, read_32x1, load;
     ckpt::cuda::device_copy dev{{}, user};
     // The save pipeline's staging: chunk after chunk into the pinned buffers device_copy lends
     // it, 4 in flight, each enqueued (start_to_host) before the previous one has landed, and
@@ -301,17 +302,20 @@ int main(int argc, char** argv) {
     // threads each with one request of `piece` bytes in flight, the file's space allocated
     // first where there is more than one. The fastest of queue depth 1 and two deep queues is
     // the limit the save is held to. Through the page cache where the file system refuses
-    // O_DIRECT (and the figure says so).
+    // O_DIRECT (and the figure says so). The raw reads (`read`) move a file of the same bytes
+    // back into the pinned buffer the same ways: the limit a load is held to.
     bool direct = true;
-    auto raw = [&](unsigned depth, std::uint64_t piece) {
-      const auto f = dir / "raw.bin";
-      int fd = direct ? ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644) : -1;
+    const auto read_file = dir / "raw-read.bin";
+    auto raw = [&](unsigned depth, std::uint64_t piece, bool read = false) {
+      const auto f = read ? read_file : dir / "raw.bin";
+      const int flags = read ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
+      int fd = direct ? ::open(f.c_str(), flags | O_DIRECT, 0644) : -1;
       if (fd < 0) {
         direct = false;
-        fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        fd = ::open(f.c_str(), flags, 0644);
       }
-      if (fd < 0) throw std::runtime_error("cannot create " + f.string() + ": " + std::strerror(errno));
-      if (depth > 1 && ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
+      if (fd < 0) throw std::runtime_error("cannot open " + f.string() + ": " + std::strerror(errno));
+      if (!read && depth > 1 && ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
         ::close(fd);
         throw std::runtime_error("fallocate of " + f.string() + " failed: " + std::strerror(errno));
       }
@@ -321,7 +325,9 @@ int main(int argc, char** argv) {
         for (std::uint64_t at; !error && (at = next.fetch_add(piece)) < bytes;) {
           const auto want = std::min(piece, bytes - at);
           for (std::uint64_t done = 0; done < want;) {
-            const auto n = ::pwrite(fd, static_cast<const char*>(pinned) + at + done, want - done, static_cast<off_t>(at + done));
+            auto* p = static_cast<char*>(pinned) + at + done;
+            const auto n = read ? ::pread(fd, p, want - done, static_cast<off_t>(at + done))
+                                : ::pwrite(fd, p, want - done, static_cast<off_t>(at + done));
             if (n <= 0) {
               error = n < 0 ? errno : EIO;
               return;
@@ -342,11 +348,13 @@ int main(int argc, char** argv) {
       }
       if (error) {
         ::close(fd);
-        throw std::runtime_error("raw write of " + f.string() + " failed: " + std::strerror(error));
+        throw std::runtime_error(std::string("raw ") + (read ? "read" : "write") + " of " + f.string() + " failed: " + std::strerror(error));
       }
-      ::fsync(fd);
+      if (!read) {
+        ::fsync(fd);
+        fs::remove(f);
+      }
       ::close(fd);
-      fs::remove(f);
     };
     const auto root = dir / "throughput", async_root = dir / "throughput-async";
     fs::remove_all(root);
@@ -356,9 +364,26 @@ int main(int argc, char** argv) {
     // Lent pinned memory for the whole snapshot (and the pipeline): the snapshot is one copy.
     gpu_checkpointer acp{
         {}, async_root, {}, {}, ckpt::cuda::device_copy{{}, user, {.lend_bytes = static_cast<std::size_t>(bytes) + (std::size_t{512} << 20)}}};
-    cp.save(1, s);  // warm-ups: pinned buffers are allocated once and reused, as in training
+    // Warm-ups: pinned buffers are allocated once and reused, as in training.
+    (void)stage_chunks(std::uint64_t{4} << 20);
+    (void)stage_chunks(std::uint64_t{16} << 20);
+    cp.save(1, s);
     acp.save_async(1, s).wait();
     auto drop = [](const fs::path& r, std::uint64_t iteration) { fs::remove_all(r / ckpt::default_tag(iteration)); };
+    {  // the file the raw reads read: the tensor's bytes, written once
+      cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      raw(1, 8 << 20);  // a refused O_DIRECT is found here, before the timed writes
+      const auto f = dir / "raw-read.bin";
+      const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) throw std::runtime_error("cannot create " + f.string() + ": " + std::strerror(errno));
+      for (std::uint64_t at = 0; at < bytes;) {
+        const auto n = ::pwrite(fd, static_cast<const char*>(pinned) + at, std::min<std::uint64_t>(bytes - at, 8 << 20), static_cast<off_t>(at));
+        if (n <= 0) throw std::runtime_error("write of " + f.string() + " failed: " + std::strerror(errno));
+        at += static_cast<std::uint64_t>(n);
+      }
+      ::fsync(fd);
+      ::close(fd);
+    }
     for (int r = 0; r < opt.reps; ++r) {
       const auto it = static_cast<std::uint64_t>(r) + 2;
       d2h.push_back(seconds_of([&] { cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy"); }));
@@ -366,7 +391,6 @@ int main(int argc, char** argv) {
       staged_waited.push_back(stage_chunks_waited(std::uint64_t{4} << 20));
       staged16.push_back(stage_chunks(std::uint64_t{16} << 20));
       ring.push_back(seconds_of([&] { dev.to_host(t.ref(), 0, pageable); }));
-      if (r == 0) raw(1, 8 << 20);  // a refused O_DIRECT is found before the timed writes
       raw_qd1.push_back(seconds_of([&] { raw(1, 8 << 20); }));
       raw_8x8.push_back(seconds_of([&] { raw(8, 8 << 20); }));
       raw_32x1.push_back(seconds_of([&] { raw(32, 1 << 20); }));
@@ -376,10 +400,21 @@ int main(int argc, char** argv) {
       ckpt::save_handle h;
       async_block.push_back(seconds_of([&] { h = acp.save_async(it, s); }));
       h.wait();
+      // A restart's load: the file just saved back into the GPU tensor (zeroed first), against
+      // the raw reads of the same bytes into pinned memory, which stop short of the GPU.
+      read_qd1.push_back(seconds_of([&] { raw(1, 8 << 20, true); }));
+      read_8x8.push_back(seconds_of([&] { raw(8, 8 << 20, true); }));
+      read_32x1.push_back(seconds_of([&] { raw(32, 1 << 20, true); }));
+      h2d.push_back(seconds_of([&] { cuda(cudaMemcpy(t.p, pinned, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"); }));
+      cuda(cudaMemset(t.p, 0, bytes), "cudaMemset");
+      cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      load.push_back(seconds_of([&] { cp.load(s); }));
       out.row("time", "repetition " + std::to_string(r + 1) + " of " + std::to_string(opt.reps) + " measured");
     }
+    out.check(t.mismatches(5) == 0, "the loads put back every byte of the " + gpu_proof::size_name(bytes) + " tensor");
     fs::remove_all(root);
     fs::remove_all(async_root);
+    fs::remove(read_file);
     const double gb = static_cast<double>(bytes) / 1e9;
     out.figure("device -> host staging, 4 MiB chunks into lent pinned buffers, 4 in flight / cudaMemcpy D2H into pinned (target >= 0.90)",
                median(d2h) / median(staged), gib(gb / median(staged)) + " vs " + gib(gb / median(d2h)) + "; " + size);
@@ -401,6 +436,15 @@ int main(int argc, char** argv) {
     const auto best = *std::min_element(std::begin(raws), std::end(raws), [](const baseline& a, const baseline& b) { return a.s < b.s; });
     out.figure("GPU state -> file (sync save) / the fastest raw " + how + " write+fsync of the same bytes (target >= 0.85)",
                best.s / median(save), gib(gb / median(save)) + " vs " + gib(gb / best.s) + " (" + best.name + "); " + size);
+    const baseline reads[] = {{"one 8 MiB request at a time", median(read_qd1)},
+                              {"8 requests of 8 MiB in flight", median(read_8x8)},
+                              {"32 requests of 1 MiB in flight", median(read_32x1)}};
+    for (const auto& b : reads) out.figure(std::string("raw ") + how + " read, " + b.name + " (GB/s)", gb / b.s, size);
+    const auto best_read = *std::min_element(std::begin(reads), std::end(reads), [](const baseline& a, const baseline& b) { return a.s < b.s; });
+    out.figure("file -> GPU state (load) / the fastest raw " + how + " read of the same bytes into pinned memory (target >= 0.85)",
+               best_read.s / median(load),
+               gib(gb / median(load)) + " vs " + gib(gb / best_read.s) + " (" + best_read.name + "); cudaMemcpy H2D from pinned " +
+                   gib(gb / median(h2d)) + "; " + size);
     char detail[96];
     std::snprintf(detail, sizeof detail, "%.3f s vs %.3f s; ", median(async_block), median(d2h));
     out.figure("save_async blocking time / cudaMemcpy D2H time (target <= 1.2)", median(async_block) / median(d2h), detail + size);

@@ -61,7 +61,7 @@ case $case_name in
   one-gpu | two-gpus)
     expect "exit status 0 (it was $rc)" test "$rc" -eq 0
     expect "no FAIL row" hasnt '^FAIL\t'
-    expect "gpu_proof measured its nine figures (four staging, three raw writers, the save, save_async)" test "$(count '^figure\tthroughput\t')" -eq 9
+    expect "gpu_proof measured its 13 figures (four staging, three raw writers, the save, three raw readers, the load, save_async)" test "$(count '^figure\tthroughput\t')" -eq 13
     expect "bounded join checked" has '^ok\tbounded join\tncclCommInitRank for a world of two whose second rank never comes'
     expect "give_up checked" has '^ok\tbounded join\ta rank that gives up'
     expect "the contract checked on the real runtime's code" has '^ok\tcontract\tsave leaves nothing in the caller.s last-error slot'
