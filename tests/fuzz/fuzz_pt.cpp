@@ -9,12 +9,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+namespace {
+// The input's file, one per fuzzing process, removed when the fuzzer exits (libFuzzer ends
+// with exit(), so atexit handlers run): each run used to leave one in /tmp.
+const std::string& input_path() {
   static const std::string path = "/tmp/ckpt-fuzz-pt-" + std::to_string(::getpid()) + ".pt";
+  // Registered once `path` is made, so it runs before `path` is destroyed.
+  static const bool removed_at_exit = std::atexit([] { std::remove(input_path().c_str()); }) == 0;
+  (void)removed_at_exit;
+  return path;
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string& path = input_path();
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return 0;
   std::fwrite(data, 1, size, f);
