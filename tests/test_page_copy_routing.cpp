@@ -839,7 +839,7 @@ std::vector<std::uint64_t> first_tensor_chunk_offsets(const std::filesystem::pat
 
 TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move from disk to tensor (and, when asked, from tensor to disk) with no copy") {
   // O_DIRECT moves page-aligned memory at block-aligned file offsets only. PyTorch's tensors
-  // (and this one) start 64 bytes into a page: a save asked to (place_for_memory) places each
+  // (and this one) start 64 bytes into a page: a save (place_for_memory, the default) places each
   // large raw chunk 64 bytes into a block, and a load into memory that lies the same way reads its whole pages straight into
   // it; only the partial pages at a chunk's ends come through the reader's aligned buffer. The
   // save copies the tensor into its buffers, unless posix_options::write_unaligned_in_place says
@@ -865,7 +865,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
       }
     return n;
   };
-  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2, .place_for_memory = true}};
+  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};  // placed by default
   auto writes = record([&] { cp.save(1, saved); });
   const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
   const auto offsets = first_tensor_chunk_offsets(shard);
@@ -873,8 +873,8 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   CHECK(offsets == std::vector<std::uint64_t>{4096 + 64, 4096 + 64 + 4 * mib, 4096 + 64 + 8 * mib});  // no padding between
   CHECK(written_from_tensor(writes) == 0);  // by default, memory that is not page-aligned is copied
   {
-    test::temp_dir other;  // without place_for_memory: on block boundaries, as before
-    ckpt::checkpointer<> plain{{}, other.path(), {.threads = 2}};
+    test::temp_dir other;  // place_for_memory turned off: on block boundaries, as before 2026-12-05
+    ckpt::checkpointer<> plain{{}, other.path(), {.threads = 2, .place_for_memory = false}};
     plain.save(1, saved);
     CHECK(first_tensor_chunk_offsets(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") ==
           std::vector<std::uint64_t>{4096, 4096 + 4 * mib, 4096 + 8 * mib});
@@ -979,7 +979,7 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
   // (the save placed it as far into a block as the tensor lay into its page), so the disk fills
   // them without the reader's aligned buffer and its copy: one read of 4 MiB each, not 16 of
   // 256 KiB. The tensors are page-aligned, or 64 bytes into a page at save and at load, as
-  // PyTorch's are (saved with place_for_memory).
+  // PyTorch's are (placed for their memory, as saves are by default).
   for (const std::size_t shift : {std::size_t{0}, std::size_t{64}}) {
     CAPTURE(shift);
     test::temp_dir dir;
@@ -989,7 +989,7 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
     std::mt19937 rng(18);
     test::fill_bytes(std::span<std::byte>(whole.start + shift, rows * row_bytes), rng);
     whole_tensor saved{whole.start + shift};
-    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2, .place_for_memory = true}};
+    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
     cp.save(1, saved);
     const std::uint64_t first = 512, count = 2048;
     test::page_block block(count * row_bytes + 4096);

@@ -41,11 +41,11 @@ struct checkpointer_options {
   /// tensor's bytes lie into their memory page (docs/format.md, section 6.3), so that a load
   /// into memory that lies the same way (PyTorch's 64-byte aligned tensors, 64 bytes into their
   /// first page, at save and at load) reads them with O_DIRECT straight into the tensors,
-  /// without the copy through an aligned buffer: on this project's VM, cold loads of 1 GiB of
-  /// such fp32 tensors took 0.27-0.30 s instead of 0.40-0.43. Off by default: the same VM's
-  /// saves of such tensors took about a quarter longer with it, for a reason not yet found
-  /// (docs/performance.md, "Large chunks placed for their memory"). Every reader reads either.
-  bool place_for_memory = false;
+  /// without the copy through an aligned buffer. It costs at most 4095 bytes of padding per
+  /// such chunk. Turn it off for files whose chunks must start on block boundaries, as they did
+  /// before 2026-12-05; every reader reads either (docs/performance.md, "Large chunks placed
+  /// for their memory").
+  bool place_for_memory = true;
   /// Nice value of a save_async's background threads (Linux, where nice is per thread): above 0
   /// they yield the CPU to the training loop and write with what is left. 0 keeps the caller's.
   int async_nice = 10;
