@@ -533,3 +533,44 @@ TEST_CASE("save_async's snapshot enqueues every tensor's copy before it waits fo
   }
   CHECK(rt.st->pinned_now == 0);
 }
+
+TEST_CASE("an item of many small chunks keeps at most 8 copies, and their events, in flight") {
+  fake::runtime rt;
+  {
+    ckpt::memory_storage mem;
+    // 64 tensors of 16 KiB: small chunks travel together, one item of 1 MiB, 64 copies.
+    gpu_checkpointer cp{{}, mem, {}, {}, policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 16 << 20}}};
+    gpu_state s;
+    for (int i = 0; i < 64; ++i) s.tensors.emplace_back(ckpt::dtype::u8, ckpt::shape_t{16 * 1024}, 0, 80 + static_cast<std::uint64_t>(i));
+    const auto saved = s;
+    cp.save(1, s);
+    CHECK(rt.st->max_copies_in_flight >= 2);
+    CHECK(rt.st->max_copies_in_flight <= 8);
+    CHECK(rt.st->events_alive <= 5 + 8);  // the context's 5, and one per copy in flight, where one per chunk would be 64
+    scramble(s);
+    cp.load(s);
+    CHECK(same(s, saved));
+  }
+  CHECK(rt.st->events_alive == 0);
+}
+
+TEST_CASE("a copy that cannot be enqueued into a lent buffer: a ckpt::error, nothing left in flight, nothing leaked") {
+  fake::runtime rt;
+  {
+    ckpt::memory_storage mem;
+    ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> host{{}, mem};
+    host_only first;
+    host.save(1, first);
+    gpu_checkpointer cp{{}, mem, {.chunk_bytes = 64 << 10}, {}, policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 8 << 20}}};
+    gpu_state s;
+    for (int i = 0; i < 2; ++i) s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{128 * 1024}, 0, 90 + static_cast<std::uint64_t>(i));
+    rt.st->fail_on["copy_async"] = {5, "cudaErrorLaunchFailure: unspecified launch failure"};
+    CHECK_THROWS_WITH_AS(cp.save(2, s), doctest::Contains("cudaMemcpyAsync (device to host) failed: cudaErrorLaunchFailure"), ckpt::error);
+    CHECK(rt.st->copies_in_flight == 0);  // the four before it were waited for before their buffers went back
+    CAPTURE(joined(rt.errors_left()));
+    CHECK(rt.errors_left().empty());
+    CHECK(cp.latest() == "global_step1");
+  }
+  CHECK(rt.st->pinned_now == 0);
+  CHECK(rt.st->events_alive == 0);
+}

@@ -163,15 +163,23 @@ class basic_device_copy {
       // On the tensor's GPU: a worker thread that never chose one would otherwise make a
       // context on GPU 0 for the wait.
       detail::device_guard<Runtime> guard(*ctx->rt);
+      const char* what = "cudaSetDevice";
       try {
         ctx->rt->set_device(ctx->device);
+        what = "cudaEventSynchronize (device to host)";
         ctx->rt->sync(event_);
       } catch (const typename Runtime::failure& e) {
         ctx->rt->clear_error();  // reported here, as a ckpt::error
+        // The copy may still be under way: the caller's buffer must not be reused or given back
+        // before ckpt's stream has drained, as for a failure in any other call.
+        try {
+          ctx->rt->sync(ctx->stream);
+        } catch (...) {
+          ctx->rt->clear_error();  // the first error is the one to report
+        }
         ctx->give_back(event_);
-        throw error(error_kind::io, std::string("cuda::device_copy: cudaEventSynchronize (device to host) failed: ") + e.what() +
-                                        " (tensor " + describe(*t_) + ", bytes [" + std::to_string(at_) + ", " +
-                                        std::to_string(at_ + len_) + "))");
+        throw error(error_kind::io, std::string("cuda::device_copy: ") + what + " failed: " + e.what() + " (tensor " + describe(*t_) +
+                                        ", bytes [" + std::to_string(at_) + ", " + std::to_string(at_ + len_) + "))");
       }
       ctx->give_back(event_);
     }
@@ -213,6 +221,9 @@ class basic_device_copy {
     drained_on_failure(ctx, [&] {
       order_after_user(ctx, t);
       const auto n = dst.size();
+      h.t_.emplace(t);
+      h.at_ = offset;
+      h.len_ = n;
       const auto e = ctx.take_event([&] {
         typename Runtime::event fresh{};
         call(t, 0, 0, "cudaEventCreateWithFlags", [&] { fresh = rt_->make_event(); });
@@ -220,9 +231,6 @@ class basic_device_copy {
       });
       h.ctx_ = &ctx;  // from here on the handle gives the event back, whatever happens
       h.event_ = e;
-      h.t_.emplace(t);
-      h.at_ = offset;
-      h.len_ = n;
       call(t, offset, n, "cudaMemcpyAsync (device to host)", [&] { rt_->copy_async(dst.data(), t.data() + offset, n, ctx.stream); });
       call(t, offset, n, "cudaEventRecord", [&] { rt_->record(e, ctx.stream); });
     });

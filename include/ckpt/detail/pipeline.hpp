@@ -2,7 +2,8 @@
 // A bounded, ordered pipeline: the shape of every save and of every parallel load.
 //
 // Items 0..n-1 pass through three stages. `stage(i, slot)` runs on the calling thread, in order
-// (it copies a chunk into the slot's buffer: a device copy must stay on the caller's thread);
+// (it copies a chunk into the slot's buffer, or starts the copy: a device copy is enqueued on the
+// caller's thread, and a worker may wait for it);
 // `work(i, slot)` runs on one of `workers` threads in any order (encode, hash, verify); `finish(i,
 // slot)` runs on one finishing thread, in order (append to the file). An item holds its slot
 // from stage to finish, and there are only `slots` slots, so the memory in flight is bounded by

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <new>
 #include <span>
 #include <type_traits>
@@ -103,7 +104,16 @@ class copies_in_flight {
 template <starts_copies D>
 class copies_in_flight<D> {
  public:
+  /// At most this many copies are left in flight: past it, `start` waits for the oldest first.
+  /// Seven queued behind it keep the copy engine busy, and an item of many small chunks (or a
+  /// snapshot of many tensors) holds 8 handles, and their events, instead of one per chunk.
+  static constexpr std::size_t most_in_flight = 8;
+
   void start(D& device, const tensor_ref& t, std::uint64_t offset, std::span<std::byte> dst) {
+    if (started_.size() == most_in_flight) {
+      started_.front().wait();
+      started_.pop_front();
+    }
     started_.push_back(device.start_to_host(t, offset, dst));
   }
   /// Waits for every copy started, in order; the first failure is thrown (the copies after it
@@ -114,7 +124,7 @@ class copies_in_flight<D> {
   }
 
  private:
-  std::vector<started_copy<D>> started_;
+  std::deque<started_copy<D>> started_;
 };
 
 }  // namespace ckpt::detail
