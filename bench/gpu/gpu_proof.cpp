@@ -359,6 +359,15 @@ int main(int argc, char** argv) {
     const auto root = dir / "throughput", async_root = dir / "throughput-async";
     fs::remove_all(root);
     fs::remove_all(async_root);
+    // What this section writes is removed however it ends: a failure is one FAIL row, and the
+    // next section runs on the same disk.
+    struct removed_at_end {
+      std::vector<fs::path> paths;
+      ~removed_at_end() {
+        std::error_code ec;
+        for (const auto& p : paths) fs::remove_all(p, ec);
+      }
+    } cleanup{{root, async_root, read_file, dir / "raw.bin"}};
     gpu_state s{{&t}};
     gpu_checkpointer cp{{}, root, {}, {}, ckpt::cuda::device_copy{{}, user}};
     // Lent pinned memory for the whole snapshot (and the pipeline): the snapshot is one copy.
@@ -373,17 +382,22 @@ int main(int argc, char** argv) {
     {  // the file the raw reads read: the tensor's bytes, written once
       cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
       raw(1, 8 << 20);  // a refused O_DIRECT is found here, before the timed writes
-      const auto f = dir / "raw-read.bin";
+      const auto& f = read_file;
       const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0) throw std::runtime_error("cannot create " + f.string() + ": " + std::strerror(errno));
       for (std::uint64_t at = 0; at < bytes;) {
         const auto n = ::pwrite(fd, static_cast<const char*>(pinned) + at, std::min<std::uint64_t>(bytes - at, 8 << 20), static_cast<off_t>(at));
-        if (n <= 0) throw std::runtime_error("write of " + f.string() + " failed: " + std::strerror(errno));
+        if (n <= 0) {
+          const int e = errno;
+          ::close(fd);
+          throw std::runtime_error("write of " + f.string() + " failed: " + std::strerror(e));
+        }
         at += static_cast<std::uint64_t>(n);
       }
       ::fsync(fd);
       ::close(fd);
     }
+    cp.load(s);  // the load's pinned read buffers, lent once, as the saves' were
     for (int r = 0; r < opt.reps; ++r) {
       const auto it = static_cast<std::uint64_t>(r) + 2;
       d2h.push_back(seconds_of([&] { cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy"); }));
@@ -412,9 +426,6 @@ int main(int argc, char** argv) {
       out.row("time", "repetition " + std::to_string(r + 1) + " of " + std::to_string(opt.reps) + " measured");
     }
     out.check(t.mismatches(5) == 0, "the loads put back every byte of the " + gpu_proof::size_name(bytes) + " tensor");
-    fs::remove_all(root);
-    fs::remove_all(async_root);
-    fs::remove(read_file);
     const double gb = static_cast<double>(bytes) / 1e9;
     out.figure("device -> host staging, 4 MiB chunks into lent pinned buffers, 4 in flight / cudaMemcpy D2H into pinned (target >= 0.90)",
                median(d2h) / median(staged), gib(gb / median(staged)) + " vs " + gib(gb / median(d2h)) + "; " + size);
