@@ -574,3 +574,37 @@ TEST_CASE("a copy that cannot be enqueued into a lent buffer: a ckpt::error, not
   CHECK(rt.st->pinned_now == 0);
   CHECK(rt.st->events_alive == 0);
 }
+
+TEST_CASE("copies in flight from tensors on two GPUs: each waited for on its own GPU, the caller's device put back") {
+  fake::runtime rt;
+  rt.st->copy_delay = std::chrono::microseconds(1000);
+  {
+    ckpt::memory_storage mem;
+    gpu_checkpointer cp{{}, mem, {.chunk_bytes = 64 << 10, .buffer_bytes = 512 << 10}, {},
+                        policy{rt, nullptr, {.slot_bytes = 4096, .slots = 3, .lend_bytes = 8 << 20}}};
+    gpu_state s;
+    // Alternating GPUs, so one pipeline item holds chunks of both: an event of cuda:1 recorded on
+    // cuda:0's stream would be refused (cudaErrorInvalidResourceHandle) by the fake.
+    for (int i = 0; i < 4; ++i) s.tensors.emplace_back(ckpt::dtype::f32, ckpt::shape_t{64 * 1024}, i % 2, 70 + static_cast<std::uint64_t>(i));
+    for (int i = 0; i < 16; ++i) s.tensors.emplace_back(ckpt::dtype::i8, ckpt::shape_t{8 * 1024}, i % 2, 100 + static_cast<std::uint64_t>(i));
+    const auto saved = s;
+    rt.set_device(1);  // the engine's GPU
+    const std::uint64_t without_before = rt.st->calls_without_device;
+    cp.save(1, s);
+    CHECK(rt.current_device_now() == 1);
+    CHECK(rt.st->calls_without_device == without_before);  // the workers waited on the tensors' GPUs
+    CHECK(rt.st->max_copies_in_flight >= 2);
+    CAPTURE(joined(rt.errors_left()));
+    CHECK(rt.errors_left().empty());
+    auto h = cp.save_async(2, s);  // the snapshot's copies, from both GPUs, in flight together
+    h.wait();
+    scramble(s);
+    cp.load(s, {.tag = "global_step1"});
+    CHECK(same(s, saved));
+    scramble(s);
+    cp.load(s);
+    CHECK(same(s, saved));
+  }
+  CHECK(rt.st->events_alive == 0);
+  CHECK(rt.st->pinned_now == 0);
+}
