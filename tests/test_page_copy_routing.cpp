@@ -855,10 +855,12 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   const auto inside = [](const placed_tensor& t, const call& c) {
     return c.buffer >= reinterpret_cast<std::uintptr_t>(t.data) && c.buffer < reinterpret_cast<std::uintptr_t>(t.data) + t.bytes;
   };
-  const auto written_from_tensor = [&](const std::vector<call>& writes) {
+  // Bytes the recorded calls moved straight between the disk and `t`: only with O_DIRECT, only
+  // from a page boundary.
+  const auto moved_with = [&](const placed_tensor& t, const std::vector<call>& calls) {
     std::size_t n = 0;
-    for (const auto& c : writes)
-      if (inside(saved, c)) {
+    for (const auto& c : calls)
+      if (inside(t, c)) {
         CHECK(c.o_direct);
         CHECK(c.buffer % 4096 == 0);
         n += c.bytes;
@@ -871,7 +873,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   const auto offsets = first_tensor_chunk_offsets(shard);
   REQUIRE(offsets.size() == 3);
   CHECK(offsets == std::vector<std::uint64_t>{4096 + 64, 4096 + 64 + 4 * mib, 4096 + 64 + 8 * mib});  // no padding between
-  CHECK(written_from_tensor(writes) == 0);  // by default, memory that is not page-aligned is copied
+  CHECK(moved_with(saved, writes) == 0);  // by default, memory that is not page-aligned is copied
   {
     test::temp_dir other;  // place_for_memory turned off: on block boundaries, as before 2026-12-05
     ckpt::checkpointer<> plain{{}, other.path(), {.threads = 2, .place_for_memory = false}};
@@ -881,10 +883,10 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   }
   {
     test::temp_dir other;
-    ckpt::checkpointer<> in_place{{}, ckpt::posix(other.path(), {.write_unaligned_in_place = true}), {.threads = 2, .place_for_memory = true}};
+    ckpt::checkpointer<> in_place{{}, ckpt::posix(other.path(), {.write_unaligned_in_place = true}), {.threads = 2}};
     writes = record([&] { in_place.save(1, saved); });
     CHECK(first_tensor_chunk_offsets(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") == offsets);
-    CHECK(written_from_tensor(writes) == whole_pages);
+    CHECK(moved_with(saved, writes) == whole_pages);
     CHECK(test::file_bytes(other.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt") == test::file_bytes(shard));
   }
 
@@ -892,14 +894,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
   REQUIRE(test::drop_from_cache(shard));
   auto got = record([&] { cp.load(back); });
   CHECK(same(back));
-  std::size_t read_into_tensor = 0;
-  for (const auto& c : got)
-    if (inside(back, c)) {
-      CHECK(c.o_direct);
-      CHECK(c.buffer % 4096 == 0);
-      read_into_tensor += c.bytes;
-    }
-  CHECK(read_into_tensor == whole_pages);  // the partial pages came through the reader's buffer
+  CHECK(moved_with(back, got) == whole_pages);  // the partial pages came through the reader's buffer
 
   // Memory that lies otherwise (page-aligned): the same bytes, through the reader's buffer.
   placed_tensor aligned(bytes, 0);

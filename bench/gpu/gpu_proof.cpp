@@ -27,9 +27,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "proof.hpp"
@@ -264,8 +266,18 @@ int main(int argc, char** argv) {
     cuda(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), "cudaHostAlloc");
     std::unique_ptr<void, void (*)(void*)> pinned_owner(pinned, [](void* p) { cudaFreeHost(p); });
     std::vector<std::byte> pageable(bytes);
-    std::vector<double> d2h, h2d, staged, staged_waited, staged16, ring, raw_qd1, raw_8x8, raw_32x1, save, async_block;
-    std::vector<double> read_qd1, read_8x8, read_32x1, load;
+    std::vector<double> d2h, h2d, staged, staged_waited, staged16, ring, save, async_block, load;
+    // The raw writers and readers: `depth` threads, each with one request of `piece` bytes in
+    // flight. The fastest of them is the limit a save (or a load) is held to.
+    struct raw_way {
+      unsigned depth;
+      std::uint64_t piece;
+      const char* name;
+      std::vector<double> write_s{}, read_s{};
+    };
+    raw_way raw_ways[] = {{1, 8 << 20, "one 8 MiB request at a time"},
+                          {8, 8 << 20, "8 requests of 8 MiB in flight"},
+                          {32, 1 << 20, "32 requests of 1 MiB in flight"}};
     ckpt::cuda::device_copy dev{{}, user};
     // The save pipeline's staging: chunk after chunk into the pinned buffers device_copy lends
     // it, 4 in flight, each enqueued (start_to_host) before the previous one has landed, and
@@ -298,16 +310,13 @@ int main(int argc, char** argv) {
         }
       });
     };
-    // The raw writes: O_DIRECT from the pinned (page-aligned) buffer, then fsync; `depth`
-    // threads each with one request of `piece` bytes in flight, the file's space allocated
-    // first where there is more than one. The fastest of queue depth 1 and two deep queues is
-    // the limit the save is held to. Through the page cache where the file system refuses
-    // O_DIRECT (and the figure says so). The raw reads (`read`) move a file of the same bytes
-    // back into the pinned buffer the same ways: the limit a load is held to.
+    // A raw write: O_DIRECT from the pinned (page-aligned) buffer into a new file `f`, its space
+    // allocated first where more than one request is in flight, then fsync. A raw read (`read`)
+    // moves the file back into the pinned buffer the same way. Through the page cache where the
+    // file system refuses O_DIRECT (and the figures say so).
     bool direct = true;
-    const auto read_file = dir / "raw-read.bin";
-    auto raw = [&](unsigned depth, std::uint64_t piece, bool read = false) {
-      const auto f = read ? read_file : dir / "raw.bin";
+    const auto write_file = dir / "raw.bin", read_file = dir / "raw-read.bin";
+    auto raw = [&](unsigned depth, std::uint64_t piece, const fs::path& f, bool read) {
       const int flags = read ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
       int fd = direct ? ::open(f.c_str(), flags | O_DIRECT, 0644) : -1;
       if (fd < 0) {
@@ -350,10 +359,7 @@ int main(int argc, char** argv) {
         ::close(fd);
         throw std::runtime_error(std::string("raw ") + (read ? "read" : "write") + " of " + f.string() + " failed: " + std::strerror(error));
       }
-      if (!read) {
-        ::fsync(fd);
-        fs::remove(f);
-      }
+      if (!read) ::fsync(fd);
       ::close(fd);
     };
     const auto root = dir / "throughput", async_root = dir / "throughput-async";
@@ -367,7 +373,7 @@ int main(int argc, char** argv) {
         std::error_code ec;
         for (const auto& p : paths) fs::remove_all(p, ec);
       }
-    } cleanup{{root, async_root, read_file, dir / "raw.bin"}};
+    } cleanup{{root, async_root, read_file, write_file}};
     gpu_state s{{&t}};
     gpu_checkpointer cp{{}, root, {}, {}, ckpt::cuda::device_copy{{}, user}};
     // Lent pinned memory for the whole snapshot (and the pipeline): the snapshot is one copy.
@@ -379,24 +385,11 @@ int main(int argc, char** argv) {
     cp.save(1, s);
     acp.save_async(1, s).wait();
     auto drop = [](const fs::path& r, std::uint64_t iteration) { fs::remove_all(r / ckpt::default_tag(iteration)); };
-    {  // the file the raw reads read: the tensor's bytes, written once
-      cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      raw(1, 8 << 20);  // a refused O_DIRECT is found here, before the timed writes
-      const auto& f = read_file;
-      const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd < 0) throw std::runtime_error("cannot create " + f.string() + ": " + std::strerror(errno));
-      for (std::uint64_t at = 0; at < bytes;) {
-        const auto n = ::pwrite(fd, static_cast<const char*>(pinned) + at, std::min<std::uint64_t>(bytes - at, 8 << 20), static_cast<off_t>(at));
-        if (n <= 0) {
-          const int e = errno;
-          ::close(fd);
-          throw std::runtime_error("write of " + f.string() + " failed: " + std::strerror(e));
-        }
-        at += static_cast<std::uint64_t>(n);
-      }
-      ::fsync(fd);
-      ::close(fd);
-    }
+    // The file the raw reads read: the tensor's bytes. Its write also finds a refused O_DIRECT
+    // (and then writes it again, through the page cache) before the timed writes.
+    cuda(cudaMemcpy(pinned, t.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    raw(1, 8 << 20, read_file, false);
+    if (!direct) raw(1, 8 << 20, read_file, false);
     cp.load(s);  // the load's pinned read buffers, lent once, as the saves' were
     for (int r = 0; r < opt.reps; ++r) {
       const auto it = static_cast<std::uint64_t>(r) + 2;
@@ -405,9 +398,10 @@ int main(int argc, char** argv) {
       staged_waited.push_back(stage_chunks_waited(std::uint64_t{4} << 20));
       staged16.push_back(stage_chunks(std::uint64_t{16} << 20));
       ring.push_back(seconds_of([&] { dev.to_host(t.ref(), 0, pageable); }));
-      raw_qd1.push_back(seconds_of([&] { raw(1, 8 << 20); }));
-      raw_8x8.push_back(seconds_of([&] { raw(8, 8 << 20); }));
-      raw_32x1.push_back(seconds_of([&] { raw(32, 1 << 20); }));
+      for (auto& w : raw_ways) {
+        fs::remove(write_file);  // outside the time, as the save's old tag is dropped before it
+        w.write_s.push_back(seconds_of([&] { raw(w.depth, w.piece, write_file, false); }));
+      }
       drop(root, it - 1);
       save.push_back(seconds_of([&] { cp.save(it, s); }));
       drop(async_root, it - 1);
@@ -416,9 +410,7 @@ int main(int argc, char** argv) {
       h.wait();
       // A restart's load: the file just saved back into the GPU tensor (zeroed first), against
       // the raw reads of the same bytes into pinned memory, which stop short of the GPU.
-      read_qd1.push_back(seconds_of([&] { raw(1, 8 << 20, true); }));
-      read_8x8.push_back(seconds_of([&] { raw(8, 8 << 20, true); }));
-      read_32x1.push_back(seconds_of([&] { raw(32, 1 << 20, true); }));
+      for (auto& w : raw_ways) w.read_s.push_back(seconds_of([&] { raw(w.depth, w.piece, read_file, true); }));
       h2d.push_back(seconds_of([&] { cuda(cudaMemcpy(t.p, pinned, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"); }));
       cuda(cudaMemset(t.p, 0, bytes), "cudaMemset");
       cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -436,25 +428,23 @@ int main(int argc, char** argv) {
     out.figure("through the pinned ring into pageable memory (no lending) / cudaMemcpy D2H", median(d2h) / median(ring),
                gib(gb / median(ring)) + " vs " + gib(gb / median(d2h)) + "; " + size);
     const std::string how = direct ? "O_DIRECT" : "page-cache (O_DIRECT refused)";
-    struct baseline {
-      const char* name;
-      double s;
+    // Each raw way's GB/s, one row each; returns the fastest: its median seconds and its name.
+    auto fastest = [&](const char* what, std::vector<double> raw_way::*times) {
+      std::pair<double, const char*> best{std::numeric_limits<double>::infinity(), ""};
+      for (const auto& w : raw_ways) {
+        const double m = median(w.*times);
+        out.figure(std::string("raw ") + how + " " + what + ", " + w.name + " (GB/s)", gb / m, size);
+        if (m < best.first) best = {m, w.name};
+      }
+      return best;
     };
-    const baseline raws[] = {{"one 8 MiB request at a time", median(raw_qd1)},
-                             {"8 requests of 8 MiB in flight", median(raw_8x8)},
-                             {"32 requests of 1 MiB in flight", median(raw_32x1)}};
-    for (const auto& b : raws) out.figure(std::string("raw ") + how + " write+fsync, " + b.name + " (GB/s)", gb / b.s, size);
-    const auto best = *std::min_element(std::begin(raws), std::end(raws), [](const baseline& a, const baseline& b) { return a.s < b.s; });
+    const auto [write_s, write_way] = fastest("write+fsync", &raw_way::write_s);
     out.figure("GPU state -> file (sync save) / the fastest raw " + how + " write+fsync of the same bytes (target >= 0.85)",
-               best.s / median(save), gib(gb / median(save)) + " vs " + gib(gb / best.s) + " (" + best.name + "); " + size);
-    const baseline reads[] = {{"one 8 MiB request at a time", median(read_qd1)},
-                              {"8 requests of 8 MiB in flight", median(read_8x8)},
-                              {"32 requests of 1 MiB in flight", median(read_32x1)}};
-    for (const auto& b : reads) out.figure(std::string("raw ") + how + " read, " + b.name + " (GB/s)", gb / b.s, size);
-    const auto best_read = *std::min_element(std::begin(reads), std::end(reads), [](const baseline& a, const baseline& b) { return a.s < b.s; });
+               write_s / median(save), gib(gb / median(save)) + " vs " + gib(gb / write_s) + " (" + write_way + "); " + size);
+    const auto [read_s, read_way] = fastest("read", &raw_way::read_s);
     out.figure("file -> GPU state (load) / the fastest raw " + how + " read of the same bytes into pinned memory (target >= 0.85)",
-               best_read.s / median(load),
-               gib(gb / median(load)) + " vs " + gib(gb / best_read.s) + " (" + best_read.name + "); cudaMemcpy H2D from pinned " +
+               read_s / median(load),
+               gib(gb / median(load)) + " vs " + gib(gb / read_s) + " (" + read_way + "); cudaMemcpy H2D from pinned " +
                    gib(gb / median(h2d)) + "; " + size);
     char detail[96];
     std::snprintf(detail, sizeof detail, "%.3f s vs %.3f s; ", median(async_block), median(d2h));

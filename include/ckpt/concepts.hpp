@@ -190,8 +190,8 @@ concept announces_reads = requires(R& r, std::uint64_t offset, std::size_t n) { 
 
 /// A reader that can read some ranges from the disk straight into the caller's memory, with no
 /// copy (posix with O_DIRECT, into memory as far into its page as the offset is into its 4 KiB
-/// block: a save with checkpointer_options::place_for_memory places large raw chunks so), offers
-/// `reads_in_place(offset, out)`: true when `read(offset, out)` would do so. Loads then read
+/// block: a save places large raw chunks so, unless checkpointer_options::place_for_memory is
+/// off), offers `reads_in_place(offset, out)`: true when `read(offset, out)` would do so. Loads then read
 /// such a chunk in pieces of `in_place_piece_bytes` instead of `read_piece_bytes`, and hash
 /// each piece after it arrives: there is no copy to keep in the cache, and a disk moves large
 /// requests faster than small ones.

@@ -172,14 +172,9 @@ class basic_device_copy {
         ctx->rt->clear_error();  // reported here, as a ckpt::error
         // The copy may still be under way: the caller's buffer must not be reused or given back
         // before ckpt's stream has drained, as for a failure in any other call.
-        try {
-          ctx->rt->sync(ctx->stream);
-        } catch (...) {
-          ctx->rt->clear_error();  // the first error is the one to report
-        }
+        ctx->drain();
         ctx->give_back(event_);
-        throw error(error_kind::io, std::string("cuda::device_copy: ") + what + " failed: " + e.what() + " (tensor " + describe(*t_) +
-                                        ", bytes [" + std::to_string(at_) + ", " + std::to_string(at_ + len_) + "))");
+        throw failed(what, e, *t_, at_, len_);
       }
       ctx->give_back(event_);
     }
@@ -330,6 +325,15 @@ class basic_device_copy {
       }
       return make();
     }
+    /// Waits for everything queued on ckpt's stream, ignoring its errors (the first one is the
+    /// one to report), so that no copy outlives the buffer it reads or writes.
+    void drain() noexcept {
+      try {
+        rt->sync(stream);
+      } catch (...) {
+        rt->clear_error();
+      }
+    }
     void give_back(typename Runtime::event e) noexcept {
       std::lock_guard lock(idle_mu);
       try {
@@ -344,7 +348,7 @@ class basic_device_copy {
         rt->set_device(device);
         // Copies still queued (a call that failed part-way) must not outlive the pinned
         // buffers they read or write.
-        if (stream) rt->sync(stream);
+        if (stream) drain();
       } catch (...) {
         rt->clear_error();  // releasing what can be released is all that is left to do
       }
@@ -388,11 +392,7 @@ class basic_device_copy {
     try {
       body();
     } catch (...) {
-      try {
-        rt_->sync(ctx.stream);
-      } catch (...) {
-        rt_->clear_error();  // the first error is the one to report
-      }
+      ctx.drain();
       throw;
     }
   }
@@ -444,10 +444,15 @@ class basic_device_copy {
       f();
     } catch (const typename Runtime::failure& e) {
       rt_->clear_error();  // reported here, as a ckpt::error: not left for the caller's next check
-      throw error(error_kind::io, "cuda::device_copy: " + what + " failed: " + e.what() + " (tensor " + describe(t) +
-                                      (len ? ", bytes [" + std::to_string(at) + ", " + std::to_string(at + len) + ")" : "") +
-                                      ")");
+      throw failed(what, e, t, at, len);
     }
+  }
+
+  /// The ckpt::error for a runtime call `what` that failed with `e`, naming the tensor and the
+  /// byte range (if any).
+  static error failed(const std::string& what, const std::exception& e, const tensor_ref& t, std::uint64_t at, std::uint64_t len) {
+    return error(error_kind::io, "cuda::device_copy: " + what + " failed: " + e.what() + " (tensor " + describe(t) +
+                                     (len ? ", bytes [" + std::to_string(at) + ", " + std::to_string(at + len) + ")" : "") + ")");
   }
 
   static std::string describe(const tensor_ref& t) {

@@ -50,9 +50,9 @@ inline constexpr std::array<char, 8> trailer_magic = {'C', 'K', 'P', 'T', 'I', '
 inline constexpr std::uint64_t header_used = 24;         // magic, version, flags, checksum
 inline constexpr std::uint64_t trailer_bytes = 40;
 
-/// A raw chunk of this many bytes or more, saved from host memory with
-/// checkpointer_options::place_for_memory, is placed in the file at the same offset within a
-/// 4 KiB block as its bytes lie within their memory page (see chunk_start).
+/// A raw chunk of this many bytes or more, saved from host memory, is placed in the file at the
+/// same offset within a 4 KiB block as its bytes lie within their memory page (see
+/// chunk_start), unless checkpointer_options::place_for_memory is off.
 /// O_DIRECT moves only block-aligned file ranges to and from page-aligned (512-byte aligned)
 /// memory, and tensors are seldom page-aligned: PyTorch's and most engines' allocators give 64
 /// bytes, and a large allocation starts 16 or 64 bytes into its page. Placed so, all but the

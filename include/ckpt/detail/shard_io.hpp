@@ -47,7 +47,7 @@ struct stored_value {
 struct write_settings {
   unsigned threads = 0;                               // encode/hash workers (0: one per core, at most 8)
   std::uint64_t buffer_bytes = std::uint64_t{256} << 20;  // host buffers in flight, at most
-  bool place_for_memory = false;                          // checkpointer_options::place_for_memory
+  bool place_for_memory = true;                           // checkpointer_options::place_for_memory
 };
 
 /// The codec id a chunk of tensor `t` is stored with: the codec's own, or its per-tensor choice.
