@@ -1100,6 +1100,53 @@ TEST_CASE("posix's reader reads in place only memory as far into its page as the
   truncated(content.size() - 300);         // in the partial block after them
 }
 
+TEST_CASE("posix's reader keeps the bytes it read ahead while it reads in place, and serves them again without a read") {
+  // An in-place read brings the partial pages at either end of its memory into blocks of the
+  // reader's own that lie past its read-ahead area, so what was read ahead stays valid.
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::size_t mib = std::size_t{1} << 20;
+  std::vector<std::byte> content(8 * mib);
+  std::mt19937 rng(29);
+  test::fill_bytes(content, rng);
+  const auto path = dir.path() / "blob";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+  }
+  REQUIRE(test::drop_from_cache(path));
+  ckpt::posix disk(dir.path());
+  const auto r = disk.open_reader("blob");
+  std::vector<std::byte> piece(64 * 1024);
+  r.will_read(0, 6 * mib);
+  auto got = record([&] { r.read(0, piece); });  // reads 4 MiB ahead, with O_DIRECT
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].o_direct);
+  CHECK(got[0].bytes == 4 * mib);
+  CHECK(std::equal(piece.begin(), piece.end(), content.begin()));
+
+  test::page_block block(2 * mib);
+  const std::span<std::byte> shifted(block.start + 64, mib);  // partial pages at both ends
+  REQUIRE(r.reads_in_place(5 * mib + 64, shifted));
+  got = record([&] { r.read(5 * mib + 64, shifted); });
+  REQUIRE(got.size() == 3);  // one preadv, recorded per part: the two partial blocks and the whole pages between
+  for (const auto& c : got) CHECK(c.o_direct);
+  CHECK(std::equal(shifted.begin(), shifted.end(), content.begin() + 5 * mib + 64));
+
+  // Read ahead before the in-place read: no system call, and the same bytes (the first of them
+  // sat where the in-place read's partial blocks had gone before).
+  piece.assign(piece.size(), std::byte{0});
+  got = record([&] { r.read(0, piece); });
+  CHECK(got.empty());
+  CHECK(std::equal(piece.begin(), piece.end(), content.begin()));
+  got = record([&] { r.read(mib, piece); });
+  CHECK(got.empty());
+  CHECK(std::equal(piece.begin(), piece.end(), content.begin() + mib));
+  got = record([&] { r.read(4 * mib - piece.size(), piece); });  // the last of it
+  CHECK(got.empty());
+  CHECK(std::equal(piece.begin(), piece.end(), content.begin() + 4 * mib - piece.size()));
+}
+
 namespace {
 struct many_small {
   std::vector<std::vector<float>> w = std::vector<std::vector<float>>(300, std::vector<float>(2048));  // 8 KiB each

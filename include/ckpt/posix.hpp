@@ -343,11 +343,21 @@ class posix {
     /// buffer it lands in holds that and the partial block at its start.
     static constexpr std::size_t direct_read_bytes = std::size_t{4} << 20;
     static constexpr std::size_t direct_buffer_bytes = direct_read_bytes + direct_alignment;
+    /// The aligned buffer holds the read area, then the two blocks an in-place read brings the
+    /// partial pages at either end of `out` into (read_in_place). Its first 4 MiB are 2 MiB
+    /// aligned and advised as transparent huge pages: a load of many small chunks has each of
+    /// its workers fill a buffer of its own, afresh at every load, and on a virtual machine
+    /// the kernel's 1,024 page faults per buffer, each zeroing a page the host may have to
+    /// back first, cost more than two huge ones. The blocks past them stay ordinary pages, so
+    /// an in-place read (which touches only those) faults in no huge page.
+    static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+    static constexpr std::size_t block_bytes = direct_buffer_bytes + 2 * direct_alignment;
+    static_assert(direct_read_bytes % huge_page_bytes == 0);
     static constexpr std::uint64_t align(std::uint64_t bytes) noexcept {
       return (bytes + direct_alignment - 1) / direct_alignment * direct_alignment;
     }
     struct aligned_delete {
-      void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{direct_alignment}); }
+      void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{huge_page_bytes}); }
     };
 
     /// Whether every page of the range is in the page cache (so a read through it costs a

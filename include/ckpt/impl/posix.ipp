@@ -456,7 +456,10 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
       use_page_cache();
       return false;
     }
-    block_.reset(new (std::align_val_t{direct_alignment}) std::byte[direct_buffer_bytes]);  // uninitialised
+    block_.reset(new (std::align_val_t{huge_page_bytes}) std::byte[block_bytes]);  // uninitialised
+#if defined(MADV_HUGEPAGE)
+    (void)::madvise(block_.get(), direct_read_bytes, MADV_HUGEPAGE);  // advice: ignored where THP is off
+#endif
   }
   if (in_place(offset, out) && read_in_place(offset, out)) return true;
   auto at = offset / direct_alignment * direct_alignment;
@@ -502,13 +505,15 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
   const auto first = offset + head - (head > 0 ? direct_alignment : 0);  // the first block read
   std::array<iovec, 3> parts{};
   std::size_t count = 0;
-  if (head > 0) parts[count++] = {block_.get(), direct_alignment};
+  std::byte* const head_block = block_.get() + direct_buffer_bytes;  // past the read area (block_bytes)
+  std::byte* const tail_block = head_block + direct_alignment;
+  if (head > 0) parts[count++] = {head_block, direct_alignment};
   parts[count++] = {out.data() + head, whole};
-  if (tail > 0) parts[count++] = {block_.get() + direct_alignment, direct_alignment};
+  if (tail > 0) parts[count++] = {tail_block, direct_alignment};
   std::size_t asked = 0;
   for (std::size_t k = 0; k < count; ++k) asked += parts[k].iov_len;
   const std::size_t needed = asked - (tail > 0 ? direct_alignment - tail : 0);  // past them: the rest of the last block
-  held_ = {0, 0};  // the aligned buffer is about to hold other bytes
+  // (The read area, and what it holds, stays as it is: these blocks lie past it.)
   std::size_t got = 0;  // fewer than `needed` only at the end of the file
   while (got < asked) {
     // The parts not read yet (a read cut short goes on where it stopped).
@@ -536,8 +541,8 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
   }
   if (got < needed)
     throw truncated(offset, offset + out.size(), first + got);
-  if (head > 0) std::memcpy(out.data(), block_.get() + (direct_alignment - head), head);
-  if (tail > 0) std::memcpy(out.data() + head + whole, block_.get() + direct_alignment, tail);
+  if (head > 0) std::memcpy(out.data(), head_block + (direct_alignment - head), head);
+  if (tail > 0) std::memcpy(out.data() + head + whole, tail_block, tail);
   return true;
 }
 
