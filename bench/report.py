@@ -186,7 +186,7 @@ def measure_torch_peers(a, b):
                 p.setdefault("save_vs_libtorch", []).append(lt["libtorch_save_s"][0] / c["save_s"][0])
                 p.setdefault("load_cold_vs_libtorch", []).append(lt["libtorch_load_cold_s"][0] / c["load_cold_s"][0])
                 p.setdefault("load_warm_vs_libtorch", []).append(lt["libtorch_load_warm_s"][0] / c["load_warm_s"][0])
-            for k, v in list(t.items()) + list(c.items()) + list(lt.items()) + list(h5.items()):
+            for k, v in list(t.items()) + list(c.items()) + list(lt.items()) + list(h5.items()) + list(out.get("raw", {}).items()):
                 p.setdefault(k, []).extend(v)
             if "raw" in out:
                 # torch's time over the disk's: the most any writer or reader of these bytes could
