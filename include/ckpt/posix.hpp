@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "detail/keys.hpp"
+#include "detail/table_memory.hpp"
 #include "error.hpp"
 #include "impl/decl.hpp"
 
@@ -350,15 +351,10 @@ class posix {
     /// the kernel's 1,024 page faults per buffer, each zeroing a page the host may have to
     /// back first, cost more than two huge ones. The blocks past them stay ordinary pages, so
     /// an in-place read (which touches only those) faults in no huge page.
-    static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
     static constexpr std::size_t block_bytes = direct_buffer_bytes + 2 * direct_alignment;
-    static_assert(direct_read_bytes % huge_page_bytes == 0);
     static constexpr std::uint64_t align(std::uint64_t bytes) noexcept {
       return (bytes + direct_alignment - 1) / direct_alignment * direct_alignment;
     }
-    struct aligned_delete {
-      void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{huge_page_bytes}); }
-    };
 
     /// Whether every page of the range is in the page cache (so a read through it costs a
     /// copy, not a trip to the disk). Asked with mincore(2) on a mapping of the file that is
@@ -405,7 +401,7 @@ class posix {
     mutable int direct_fd_ = -1;
     mutable void* map_ = nullptr;  // the file mapped for mincore, never touched
     mutable std::size_t map_bytes_ = 0;
-    mutable std::unique_ptr<std::byte[], aligned_delete> block_;
+    mutable detail::huge_page_buffer block_;
     mutable std::pair<std::uint64_t, std::uint64_t> held_{0, 0};  // the file's bytes in block_ [first, second)
     mutable std::pair<std::uint64_t, std::uint64_t> hint_{0, 0};  // the range will_read announced
     enum class residency : std::uint8_t { unknown, all, not_all };

@@ -1,5 +1,8 @@
 #pragma once
-// Memory for the tables a save or a load keeps with one entry per tensor. A model of 100,000
+// Memory in transparent huge pages: the tables a save or a load keeps with one entry per tensor,
+// and the large I/O buffers a save's writer and a load's readers fill afresh each time.
+//
+// The tables: a save or a load keeps tables with one entry per tensor. A model of 100,000
 // tensors gives each such table tens of MB (metadata::tensors alone: 56 MB), allocated afresh by
 // every save and load, and the kernel maps fresh memory one 4 KiB page at a time, on first
 // touch. On a virtual machine each of those page faults can cost tens of microseconds, and
@@ -13,7 +16,9 @@
 // ignored and the table is in ordinary pages, as before. Smaller tables come from operator new
 // as usual.
 
+#include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -63,5 +68,29 @@ struct table_allocator {
 /// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
 template <class T>
 using table_vector = std::vector<T, table_allocator<T>>;
+
+/// Frees a huge_page_buffer.
+struct huge_page_delete {
+  void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{table_allocator<std::byte>::huge_page_bytes}); }
+};
+/// An I/O buffer from huge_page_memory.
+using huge_page_buffer = std::unique_ptr<std::byte[], huge_page_delete>;
+
+/// `bytes` of uninitialised memory, 2 MiB aligned, whose first `advised` bytes (rounded down to
+/// whole 2 MiB) the kernel is asked to back with huge pages. For buffers of megabytes that O_DIRECT
+/// fills or drains afresh at every save or load: in ordinary pages, the kernel faults each 4 KiB
+/// page in (and zeroes it) inside the first read or write that touches it, one fault per page.
+/// Past `advised`, pages stay ordinary: a buffer's rarely used parts then cost no huge page.
+inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised) {
+  constexpr auto huge = table_allocator<std::byte>::huge_page_bytes;
+  huge_page_buffer p(new (std::align_val_t{huge}) std::byte[bytes]);  // uninitialised
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (const auto whole = std::min(advised, bytes) / huge * huge; whole > 0)
+    (void)::madvise(p.get(), whole, MADV_HUGEPAGE);  // advice only, as for tables
+#else
+  (void)advised;
+#endif
+  return p;
+}
 
 }  // namespace ckpt::detail

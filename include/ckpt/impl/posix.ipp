@@ -456,10 +456,7 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
       use_page_cache();
       return false;
     }
-    block_.reset(new (std::align_val_t{huge_page_bytes}) std::byte[block_bytes]);  // uninitialised
-#if defined(MADV_HUGEPAGE)
-    (void)::madvise(block_.get(), direct_read_bytes, MADV_HUGEPAGE);  // advice: ignored where THP is off
-#endif
+    block_ = detail::huge_page_memory(block_bytes, direct_read_bytes);
   }
   if (in_place(offset, out) && read_in_place(offset, out)) return true;
   auto at = offset / direct_alignment * direct_alignment;
