@@ -82,7 +82,8 @@ struct posix_options {
   /// cloud volume) idle between requests; docs/performance.md has the figures.
   unsigned reads_in_flight = 16;
   /// O_DIRECT writes of 1 MiB a writer keeps in flight (detail/write_queue.hpp), from as many
-  /// buffers of its own plus the one it fills; 1 writes on the caller's thread, one at a time.
+  /// buffers of its own plus the one it fills (one block in huge pages, where the kernel gives
+  /// them); 1 writes on the caller's thread, one at a time.
   unsigned writes_in_flight = 32;
 };
 
