@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <new>
 #include <vector>
@@ -69,28 +70,47 @@ struct table_allocator {
 template <class T>
 using table_vector = std::vector<T, table_allocator<T>>;
 
-/// Frees a huge_page_buffer.
+/// Unmaps a huge_page_buffer (or frees it, where there is no mmap).
 struct huge_page_delete {
-  void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{table_allocator<std::byte>::huge_page_bytes}); }
+  std::size_t bytes = 0;  // as mapped
+  void operator()(std::byte* p) const noexcept {
+#if defined(__linux__)
+    ::munmap(p, bytes);
+#else
+    ::operator delete[](p, std::align_val_t{table_allocator<std::byte>::huge_page_bytes});
+#endif
+  }
 };
 /// An I/O buffer from huge_page_memory.
 using huge_page_buffer = std::unique_ptr<std::byte[], huge_page_delete>;
 
-/// `bytes` of uninitialised memory, 2 MiB aligned, whose first `advised` bytes (rounded down to
-/// whole 2 MiB) the kernel is asked to back with huge pages. For buffers of megabytes that O_DIRECT
-/// fills or drains afresh at every save or load: in ordinary pages, the kernel faults each 4 KiB
-/// page in (and zeroes it) inside the first read or write that touches it, one fault per page.
-/// Past `advised`, pages stay ordinary: a buffer's rarely used parts then cost no huge page.
+/// `bytes` of memory, 2 MiB aligned, whose first `advised` bytes (rounded down to whole 2 MiB)
+/// the kernel is asked to back with huge pages. For buffers of megabytes that O_DIRECT fills or
+/// drains afresh at every save or load: in ordinary pages, the kernel faults each 4 KiB page in
+/// (and zeroes it) inside the first read or write that touches it, one fault per page. Past
+/// `advised`, pages stay ordinary: a buffer's rarely used parts then cost no huge page. Mapped
+/// straight from the kernel, not through malloc, so only the pages used are ever touched (glibc's
+/// MALLOC_PERTURB_, which Meson's test runner sets, fills all of a malloc'd block).
 inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised) {
   constexpr auto huge = table_allocator<std::byte>::huge_page_bytes;
-  huge_page_buffer p(new (std::align_val_t{huge}) std::byte[bytes]);  // uninitialised
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (const auto whole = std::min(advised, bytes) / huge * huge; whole > 0)
-    (void)::madvise(p.get(), whole, MADV_HUGEPAGE);  // advice only, as for tables
+#if defined(__linux__)
+  const auto whole = (bytes + huge - 1) / huge * huge;
+  void* m = ::mmap(nullptr, whole + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  // Keep the 2 MiB-aligned `whole` bytes inside the mapping; give the rest back.
+  auto* base = static_cast<std::byte*>(m);
+  auto* start = base + (huge - reinterpret_cast<std::uintptr_t>(base) % huge) % huge;
+  if (start > base) ::munmap(base, static_cast<std::size_t>(start - base));
+  if (auto* end = start + whole; end < base + whole + huge) ::munmap(end, static_cast<std::size_t>(base + whole + huge - end));
+#if defined(MADV_HUGEPAGE)
+  if (const auto advise = std::min(advised, bytes) / huge * huge; advise > 0)
+    (void)::madvise(start, advise, MADV_HUGEPAGE);  // advice only, as for tables
+#endif
+  return huge_page_buffer(start, huge_page_delete{whole});
 #else
   (void)advised;
+  return huge_page_buffer(new (std::align_val_t{huge}) std::byte[bytes]);
 #endif
-  return p;
 }
 
 }  // namespace ckpt::detail
