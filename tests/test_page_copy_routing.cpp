@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <new>
@@ -119,6 +120,16 @@ void check_direct(const std::vector<call>& got, std::uintptr_t user, std::uint64
   CHECK(got[0].buffer == user);
   CHECK(got[0].position == position);
   CHECK(got[0].bytes == bytes);
+}
+
+/// Writes `size` random bytes (from `seed`) to `path` and returns them.
+std::vector<std::byte> write_random_file(const std::filesystem::path& path, std::size_t size, unsigned seed) {
+  std::vector<std::byte> content(size);
+  std::mt19937 rng(seed);
+  test::fill_bytes(content, rng);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+  return content;
 }
 
 }  // namespace
@@ -581,14 +592,8 @@ TEST_CASE("a failed O_DIRECT write in flight surfaces as an io error naming the 
 TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached bytes through the cache") {
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
-  std::vector<std::byte> content(std::size_t{6} << 20);
-  std::mt19937 rng(14);
-  test::fill_bytes(content, rng);
   const auto path = dir.path() / "blob";
-  {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
-  }
+  const auto content = write_random_file(path, std::size_t{6} << 20, 14);
   if (!test::drop_from_cache(path)) {
     MESSAGE("the kernel keeps " << dir.str() << "'s files in its page cache: nothing to check here");
     return;
@@ -1020,14 +1025,8 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
 TEST_CASE("posix's reader reads in place only memory as far into its page as the offset into its block, from the disk, and reports a truncated file") {
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
-  std::vector<std::byte> content((std::size_t{3} << 20) + 4096 + 500);
-  std::mt19937 rng(17);
-  test::fill_bytes(content, rng);
   const auto path = dir.path() / "blob";
-  {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
-  }
+  const auto content = write_random_file(path, (std::size_t{3} << 20) + 4096 + 500, 17);
   REQUIRE(test::drop_from_cache(path));
   ckpt::posix disk(dir.path());
   const auto r = disk.open_reader("blob");
@@ -1106,14 +1105,8 @@ TEST_CASE("posix's reader keeps the bytes it read ahead while it reads in place,
   test::temp_dir dir;
   if (!test::o_direct_testable(dir)) return;
   const std::size_t mib = std::size_t{1} << 20;
-  std::vector<std::byte> content(8 * mib);
-  std::mt19937 rng(29);
-  test::fill_bytes(content, rng);
   const auto path = dir.path() / "blob";
-  {
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
-  }
+  const auto content = write_random_file(path, 8 * mib, 29);
   REQUIRE(test::drop_from_cache(path));
   ckpt::posix disk(dir.path());
   const auto r = disk.open_reader("blob");
