@@ -106,6 +106,31 @@ TEST_CASE("names: hierarchical, no empty segment, no separators or control chara
   }
 }
 
+TEST_CASE("name_set and visitor: room made beforehand keeps every name, and a visit of that many tensors moves none") {
+  // Reserved after some names are in: those stay found, and more than reserved still fit.
+  ckpt::detail::name_set seen;
+  for (int i = 0; i < 100; ++i) REQUIRE(seen.insert("early." + std::to_string(i)));
+  seen.reserve(5000, 5000 * 16);
+  for (int i = 0; i < 100; ++i) CHECK_FALSE(seen.insert("early." + std::to_string(i)));
+  for (int i = 0; i < 6000; ++i) REQUIRE(seen.insert("late." + std::to_string(i)));
+  for (int i = 0; i < 6000; i += 13) CHECK_FALSE(seen.insert("late." + std::to_string(i)));
+  CHECK(seen.size() == 6100);
+  seen.reserve(10, 10);  // less than it holds: nothing changes
+  CHECK_FALSE(seen.insert("late.5999"));
+  CHECK(seen.size() == 6100);
+
+  // A visitor told how many tensors to expect records them where it first put them.
+  std::vector<std::vector<float>> ts(3000, std::vector<float>(2));
+  ckpt::visitor v;
+  v.reserve(ts.size());
+  v.tensor("t0", ts[0]);
+  const auto* first = v.tensors().data();
+  for (std::size_t i = 1; i < ts.size(); ++i) v.tensor("t" + std::to_string(i), ts[i]);
+  CHECK(v.tensors().data() == first);
+  CHECK(v.tensors().size() == ts.size());
+  CHECK_THROWS_WITH_AS(v.tensor("t17", ts[17]), doctest::Contains("names 't17' twice"), ckpt::error);
+}
+
 TEST_CASE("name_set: a name is refused the second time, across the table's growth") {
   ckpt::detail::name_set seen;
   CHECK(seen.insert(""));

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <set>
@@ -416,4 +417,107 @@ TEST_CASE("destroying a checkpointer finishes its save_async") {
   big_state back;
   CHECK(cp.load(back).iteration == 7);
   CHECK(back == s);
+}
+
+namespace {
+/// memory_storage that notes each read of a shard file's trailer (which every check of its
+/// footer reads once) with the thread that made it, and can refuse such a read made off the
+/// thread that loads.
+struct trailer_watching_storage {
+  static constexpr bool concurrent_reads = true;
+  struct log {
+    std::mutex mu;
+    std::condition_variable read;
+    std::vector<std::thread::id> by;  // the threads that read a trailer, in order
+    std::thread::id loading;
+    bool refuse_off_thread = false;
+  };
+  ckpt::memory_storage inner;
+  std::shared_ptr<log> seen = std::make_shared<log>();
+  auto create(std::string_view key) { return inner.create(key); }
+  void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
+    if (key.ends_with(".ckpt") && out.size() == ckpt::detail::trailer_bytes && inner.size(key) == offset + out.size()) {
+      std::lock_guard lock(seen->mu);
+      seen->by.push_back(std::this_thread::get_id());
+      seen->read.notify_all();
+      if (seen->refuse_off_thread && std::this_thread::get_id() != seen->loading)
+        throw ckpt::error(ckpt::error_kind::io, describe(key) + ": refused (test)");
+    }
+    inner.read(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(std::string_view key) const { return inner.size(key); }
+  std::vector<std::string> list(std::string_view prefix) const { return inner.list(prefix); }
+  void remove(std::string_view key) { inner.remove(key); }
+  void remove_all(std::string_view prefix) { inner.remove_all(prefix); }
+  std::string describe(std::string_view key) const { return inner.describe(key); }
+};
+static_assert(ckpt::Storage<trailer_watching_storage>);
+
+/// Tensors in two groups; on load, its visit waits until a trailer was read (at most 10 s), and
+/// notes whether one was: the footer is then read while the state is visited.
+struct waits_for_trailer {
+  std::vector<std::vector<float>> model = std::vector<std::vector<float>>(50, std::vector<float>(16)), optimizer = model;
+  std::shared_ptr<trailer_watching_storage::log> seen;
+  bool read_during_visit = false;
+  void checkpoint(ckpt::visitor& v) {
+    v.group("model", [&](ckpt::visitor& g) {
+      for (std::size_t i = 0; i < model.size(); ++i) g.tensor("w" + std::to_string(i), model[i]);
+    });
+    v.group("optimizer", [&](ckpt::visitor& g) {
+      for (std::size_t i = 0; i < optimizer.size(); ++i) g.tensor("m" + std::to_string(i), optimizer[i]);
+    });
+    if (v.loading()) {
+      std::unique_lock lock(seen->mu);
+      read_during_visit = seen->read.wait_for(lock, std::chrono::seconds(10), [&] { return !seen->by.empty(); });
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("a load reads its own shard file's footer on a thread of its own while it visits the state, and once") {
+  trailer_watching_storage st;
+  waits_for_trailer saved, loaded;
+  saved.seen = loaded.seen = st.seen;
+  for (std::size_t i = 0; i < saved.model.size(); ++i) {
+    std::fill(saved.model[i].begin(), saved.model[i].end(), static_cast<float>(i));
+    std::fill(saved.optimizer[i].begin(), saved.optimizer[i].end(), -static_cast<float>(i));
+  }
+  ckpt::checkpointer<ckpt::single_process, trailer_watching_storage> cp{{}, st};
+  cp.save(1, saved);
+  const auto reset = [&](bool refuse) {
+    std::lock_guard lock(st.seen->mu);
+    st.seen->by.clear();
+    st.seen->loading = std::this_thread::get_id();
+    st.seen->refuse_off_thread = refuse;
+    loaded.model.assign(50, std::vector<float>(16, 0.f));
+    loaded.optimizer = loaded.model;
+  };
+  SUBCASE("the whole state") {
+    reset(false);
+    const auto r = cp.load(loaded);
+    CHECK(loaded.read_during_visit);
+    REQUIRE(st.seen->by.size() == 1);  // not read again after the visit
+    CHECK(st.seen->by[0] != std::this_thread::get_id());
+    CHECK(loaded.model == saved.model);
+    CHECK(loaded.optimizer == saved.optimizer);
+    CHECK(r.bytes_read > 0);
+  }
+  SUBCASE("without the optimizer: the details read for every tensor, taken for the ones loaded") {
+    reset(false);
+    cp.load(loaded, {.load_optimizer = false});
+    CHECK(loaded.read_during_visit);
+    CHECK(st.seen->by.size() == 1);
+    CHECK(loaded.model == saved.model);
+    CHECK(loaded.optimizer == std::vector<std::vector<float>>(50, std::vector<float>(16, 0.f)));
+  }
+  SUBCASE("a read that fails on that thread is made again by the load, which succeeds") {
+    reset(true);
+    cp.load(loaded);
+    CHECK(loaded.read_during_visit);
+    REQUIRE(st.seen->by.size() == 2);
+    CHECK(st.seen->by[0] != std::this_thread::get_id());
+    CHECK(st.seen->by[1] == std::this_thread::get_id());
+    CHECK(loaded.model == saved.model);
+    CHECK(loaded.optimizer == saved.optimizer);
+  }
 }

@@ -193,6 +193,7 @@ TEST_CASE("restore_plan: one index answers saved(), matching and planning") {
   CHECK(index.tensor("w")->shape == ckpt::shape_t{2, 2});
   CHECK(index.value("seed"));
   CHECK(!index.tensor("nope"));
+  CHECK(index.tensor_count() == md.tensors.size());  // a load's visitor makes room for as many
 
   // Live state: "w" as saved, "b" with another shape, "extra" unknown to the checkpoint.
   std::vector<float> w(4), extra(1);

@@ -245,6 +245,8 @@ class checkpointer {
   // whether they agreed that a rank was signalled.
   std::shared_ptr<void> agreement_;
   bool preempted_ = false;
+  // The tensors the last save visited: the next save's visitor makes room for as many.
+  std::size_t visited_tensors_ = 0;
 };
 
 }  // namespace ckpt

@@ -236,6 +236,8 @@ class saved_contents {
   virtual std::optional<saved_tensor> tensor(std::string_view name) const = 0;
   /// Whether value `name` is stored.
   virtual bool value(std::string_view name) const = 0;
+  /// How many tensors the checkpoint holds: a load's visitor makes room for as many (0: unknown).
+  virtual std::size_t tensor_count() const { return 0; }
 
  protected:
   saved_contents() = default;
@@ -278,7 +280,23 @@ class visitor {
   /// A visitor that skips the groups whose full names are listed (load without the optimizer).
   explicit visitor(std::vector<std::string> skip_groups = {}) : skip_(std::move(skip_groups)) {}
   /// A load's visitor: `saved` answers from `contents`, which must outlive the visit.
-  visitor(std::vector<std::string> skip_groups, const saved_contents& contents) : skip_(std::move(skip_groups)), saved_(&contents) {}
+  visitor(std::vector<std::string> skip_groups, const saved_contents& contents) : skip_(std::move(skip_groups)), saved_(&contents) {
+    reserve(contents.tensor_count());
+  }
+
+  /// Makes room for `tensors` tensors, so that recording them reallocates nothing: a capacity
+  /// hint, as std::vector::reserve. A load's visitor makes room for the checkpoint's tensors by
+  /// itself; the checkpointer hints each save with the tensors its last save visited.
+  ///
+  /// @code
+  /// ckpt::visitor v;
+  /// v.reserve(100'000);  // a mixture-of-experts model's tensors
+  /// model.checkpoint(v);
+  /// @endcode
+  void reserve(std::size_t tensors) {
+    tensors_.reserve(tensors);
+    seen_.reserve(tensors, tensors * 32);  // room for names of 32 bytes on average
+  }
 
   /// True while a load visits the state, false on save.
   bool loading() const noexcept { return saved_ != nullptr; }

@@ -37,6 +37,15 @@ class name_set {
   }
   std::size_t size() const noexcept { return entries_.size(); }
 
+  /// Makes room for `names` names of `bytes` bytes in all, so that adding them grows nothing.
+  void reserve(std::size_t names, std::size_t bytes) {
+    entries_.reserve(names);
+    bytes_.reserve(bytes);
+    std::size_t slots = std::max<std::size_t>(64, slots_.size());
+    while (slots < 2 * names) slots *= 2;
+    if (slots > slots_.size()) place_in(slots);
+  }
+
  private:
   static constexpr std::uint32_t empty = ~std::uint32_t{0};
   struct entry {
@@ -44,8 +53,11 @@ class name_set {
   };
 
   /// Doubles the table (at most half full after) and places every entry again.
-  void grow() {
-    slots_.assign(std::max<std::size_t>(64, 2 * slots_.size()), empty);
+  void grow() { place_in(std::max<std::size_t>(64, 2 * slots_.size())); }
+
+  /// Makes the table `slots` long (a power of two) and places every entry again.
+  void place_in(std::size_t slots) {
+    slots_.assign(slots, empty);
     for (std::size_t k = 0; k < entries_.size(); ++k) {
       std::size_t i = entries_[k].hash & (slots_.size() - 1);
       while (slots_[i] != empty) i = (i + 1) & (slots_.size() - 1);

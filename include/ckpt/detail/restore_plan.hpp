@@ -47,6 +47,7 @@ class stored_index final : public saved_contents {
     return saved_tensor{t->type, t->shape};
   }
   bool value(std::string_view name) const override { return values_.count(name) != 0; }
+  std::size_t tensor_count() const override { return md_->tensors.size(); }
 
   const tensor_meta* find_tensor(std::string_view name) const {
     const auto k = tensors_.find(name, md_->tensors, name_of);
@@ -123,21 +124,35 @@ inline std::vector<std::string> files_read(const metadata& md, const restore_pla
 }
 
 /// Version 2: reads the chunk details a plan needs (detail/chunk_details.hpp) from the footers
-/// of the files it reads, and tells `verify` those files are checked. With `also`, the whole
-/// of that stored tensor too (the validation logits). Returns the bytes read.
+/// of the files it reads (taking what `prefetch` read already), and tells `verify` those files
+/// are checked. With `also`, the whole of that stored tensor too (the validation logits).
+/// Returns the bytes read.
 template <class Store, class Verify>
 std::uint64_t read_plan_details(const Store& storage, metadata& md, const restore_plan& plan, const tensor_meta* also,
-                                Verify& verify) {
+                                Verify& verify, details_prefetch<Store>* prefetch = nullptr) {
   if (md.format_version == 1) return 0;
   auto wanted = regions_read(md, plan);
   if (also) wanted.push_back({static_cast<std::size_t>(also - md.tensors.data()), shape_t(also->shape.size(), 0), also->shape});
   std::vector<bool> tensors(md.tensors.size(), false);
   for (const auto& w : wanted) tensors[w.tensor] = true;
   const auto files = files_holding(md, wanted);
-  const auto bytes = read_chunk_details(storage, md, tensors, files);
+  const auto bytes = read_chunk_details(storage, md, tensors, files, nullptr, prefetch);
   for (std::uint32_t f = 0; f < files.size(); ++f)
     if (files[f]) verify.checked(f);
   return bytes;
+}
+
+/// The file a load on `rank` most likely reads: the one shard file that rank saved, if it saved
+/// exactly one (a load on the topology it was saved on reads that file alone). Version 2 only.
+inline std::optional<std::uint32_t> own_file(const metadata& md, std::uint32_t rank) {
+  if (md.format_version == 1) return std::nullopt;
+  std::optional<std::uint32_t> found;
+  for (std::uint32_t f = 0; f < md.files.size(); ++f) {
+    if (md.files[f].rank != rank) continue;
+    if (found) return std::nullopt;
+    found = f;
+  }
+  return found;
 }
 
 /// Who is loading: what the plan checks the live state against besides the checkpoint.

@@ -116,6 +116,14 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   auto md = open_for_load(opts, ctx);
   const detail::stored_index index(md);  // also what v.saved() answers while the state is visited
   load_result result{.tag = md.tag, .iteration = md.iteration, .config = md.config, .topology = md.topology};
+  // The details of the chunks in this rank's own file, read while the state is visited and
+  // planned (read_plan_details takes them if the plan reads that file).
+  detail::details_prefetch<Store> prefetch;
+  bool scatter = false;
+  if constexpr (detail::scatters<Policy>) scatter = policy_.scatter_on_load && comm.size() > 1;
+  if constexpr (detail::concurrent_reads<Store>)
+    if (!scatter)
+      if (const auto f = detail::own_file(md, static_cast<std::uint32_t>(comm.rank()))) prefetch.start(storage_, md, *f);
   visitor v;
   const auto plan = plan_load(state, opts, md, index, ctx, v, result);
   const auto read_own = [&](const detail::restore_plan& own, detail::file_verifier<Store>& verify) {
@@ -135,7 +143,7 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
     const detail::tensor_meta* logits = nullptr;
     if (opts.validation_logits)
       if (const auto* t = index.find_tensor(detail::validation_name)) logits = t;
-    result.bytes_read += detail::read_plan_details(storage_, md, plan, logits, verify);
+    result.bytes_read += detail::read_plan_details(storage_, md, plan, logits, verify, &prefetch);
     read_own(plan, verify);
     result.bytes_read += verify.bytes_read();
   });
@@ -173,7 +181,9 @@ detail::save_plan checkpointer<Policy, Store, Enc, Device>::plan_save(std::uint6
     validate_tag(plan.tag);
     (void)policy_.topology();  // a layout that does not fit the world fails here, on every rank
     visitor v;
+    v.reserve(visited_tensors_);  // the last save's count: a model's tensors rarely change
     state.visit(v);
+    visited_tensors_ = v.tensors().size();
     detail::collect_state(plan, v, policy_, device_, opts, comm.rank());
   });
   detail::agree_on(comm, plan.tag, iteration);
