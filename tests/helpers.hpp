@@ -25,9 +25,11 @@
 #include <initializer_list>
 #include <limits>
 #include <new>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace test {
@@ -125,6 +127,19 @@ inline bool drop_from_cache(const std::filesystem::path& file) {
   ::close(fd);
   return resident_pages(file) == 0;
 }
+
+/// A memory_storage to wrap: a test's Storage derives from it and declares its own `read` (which
+/// hides this one) to watch or change the reads; everything else goes to `inner`.
+struct wrapped_memory_storage {
+  ckpt::memory_storage inner;
+  auto create(std::string_view key) { return inner.create(key); }
+  void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const { inner.read(key, offset, out); }
+  std::optional<std::uint64_t> size(std::string_view key) const { return inner.size(key); }
+  std::vector<std::string> list(std::string_view prefix) const { return inner.list(prefix); }
+  void remove(std::string_view key) { inner.remove(key); }
+  void remove_all(std::string_view prefix) { inner.remove_all(prefix); }
+  std::string describe(std::string_view key) const { return inner.describe(key); }
+};
 
 /// Storage factories for TEST_CASE_TEMPLATE: each owns what its storage needs.
 struct posix_backend {

@@ -423,7 +423,7 @@ namespace {
 /// memory_storage that notes each read of a shard file's trailer (which every check of its
 /// footer reads once) with the thread that made it, and can refuse such a read made off the
 /// thread that loads.
-struct trailer_watching_storage {
+struct trailer_watching_storage : test::wrapped_memory_storage {
   static constexpr bool concurrent_reads = true;
   struct log {
     std::mutex mu;
@@ -432,9 +432,7 @@ struct trailer_watching_storage {
     std::thread::id loading;
     bool refuse_off_thread = false;
   };
-  ckpt::memory_storage inner;
   std::shared_ptr<log> seen = std::make_shared<log>();
-  auto create(std::string_view key) { return inner.create(key); }
   void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
     if (key.ends_with(".ckpt") && out.size() == ckpt::detail::trailer_bytes && inner.size(key) == offset + out.size()) {
       std::lock_guard lock(seen->mu);
@@ -445,11 +443,6 @@ struct trailer_watching_storage {
     }
     inner.read(key, offset, out);
   }
-  std::optional<std::uint64_t> size(std::string_view key) const { return inner.size(key); }
-  std::vector<std::string> list(std::string_view prefix) const { return inner.list(prefix); }
-  void remove(std::string_view key) { inner.remove(key); }
-  void remove_all(std::string_view prefix) { inner.remove_all(prefix); }
-  std::string describe(std::string_view key) const { return inner.describe(key); }
 };
 static_assert(ckpt::Storage<trailer_watching_storage>);
 

@@ -302,19 +302,12 @@ TEST_CASE("prune applies the retention rule by hand, with a dry run, and never r
 
 namespace {
 /// memory_storage that counts the reads of each key (copies share the counts).
-struct counting_storage {
-  ckpt::memory_storage inner;
+struct counting_storage : test::wrapped_memory_storage {
   std::shared_ptr<std::map<std::string, int>> reads = std::make_shared<std::map<std::string, int>>();
-  auto create(std::string_view key) { return inner.create(key); }
   void read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
     ++(*reads)[std::string(key)];
     inner.read(key, offset, out);
   }
-  std::optional<std::uint64_t> size(std::string_view key) const { return inner.size(key); }
-  std::vector<std::string> list(std::string_view prefix) const { return inner.list(prefix); }
-  void remove(std::string_view key) { inner.remove(key); }
-  void remove_all(std::string_view prefix) { inner.remove_all(prefix); }
-  std::string describe(std::string_view key) const { return inner.describe(key); }
   int count_ending(std::string_view suffix) const {
     int n = 0;
     for (const auto& [k, c] : *reads)
