@@ -146,13 +146,12 @@ class details_prefetch {
   details_prefetch(const details_prefetch&) = delete;
   details_prefetch& operator=(const details_prefetch&) = delete;
 
-  /// Starts reading file `f`'s details. `storage` and `md` must outlive this object, and `md`
-  /// must not change until `take` (or destruction).
-  void start(const Store& storage, const metadata& md, std::uint32_t f) {
+  /// Starts reading file `f`'s details. `storage`, `md` and `by_name` (md.tensors by name)
+  /// must outlive this object, and `md` must not change until `take` (or destruction).
+  void start(const Store& storage, const metadata& md, const name_index& by_name, std::uint32_t f) {
     file_ = f;
-    thread_ = std::jthread([this, &storage, &md, f] {
+    thread_ = std::jthread([this, &storage, &md, &by_name, f] {
       try {
-        const name_index by_name(md.tensors, [](const tensor_meta& t) -> std::string_view { return t.name; });
         found_.resize(md.tensors.size());
         bytes_ = read_file_details(storage, md, by_name, f, std::vector<bool>(md.tensors.size(), true), found_);
         ok_ = true;
@@ -185,14 +184,15 @@ class details_prefetch {
 /// to each tensor with `tensors[t]` the chunks that file holds of it. A version-1 tag has every
 /// chunk already: nothing is read. A file that fails throws, or with `problems` is skipped (none
 /// of its chunks added) and its error kept in (*problems)[f]. With `prefetch`, a file it read
-/// is not read again. Returns the bytes read.
+/// is not read again. `index` is md.tensors by name, where the caller has one already (a load's
+/// stored_index); without it one is built if a file is read here. Returns the bytes read.
 template <class Store>
 std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::vector<bool>& tensors,
                                  const std::vector<bool>& files, std::vector<std::string>* problems = nullptr,
-                                 details_prefetch<Store>* prefetch = nullptr) {
+                                 details_prefetch<Store>* prefetch = nullptr, const name_index* index = nullptr) {
   if (md.format_version == 1) return 0;
   const auto name_of = [](const tensor_meta& t) -> std::string_view { return t.name; };
-  std::optional<name_index> by_name;  // built for the first file not prefetched
+  std::optional<name_index> built;  // for the first file not prefetched, where no index was given
   std::uint64_t bytes = 0;
   // Per tensor, the chunks this file's footer lists (a gathering writer lists a tensor once
   // per rank it gathered from).
@@ -205,8 +205,8 @@ std::uint64_t read_chunk_details(const Store& storage, metadata& md, const std::
         if (!tensors[k]) found[k].clear();  // read for the plan not known yet; not wanted
     } else {
       try {
-        if (!by_name) by_name.emplace(md.tensors, name_of);
-        bytes += read_file_details(storage, md, *by_name, f, tensors, found);
+        if (!index) index = &built.emplace(md.tensors, name_of);
+        bytes += read_file_details(storage, md, *index, f, tensors, found);
       } catch (const error& e) {
         for (auto& got : found) got.clear();
         if (!problems) throw;

@@ -48,6 +48,8 @@ class stored_index final : public saved_contents {
   }
   bool value(std::string_view name) const override { return values_.count(name) != 0; }
   std::size_t tensor_count() const override { return md_->tensors.size(); }
+  /// md.tensors by name (positions in it), for the stages that look names up in a footer.
+  const name_index& tensors_by_name() const noexcept { return tensors_; }
 
   const tensor_meta* find_tensor(std::string_view name) const {
     const auto k = tensors_.find(name, md_->tensors, name_of);
@@ -126,17 +128,17 @@ inline std::vector<std::string> files_read(const metadata& md, const restore_pla
 /// Version 2: reads the chunk details a plan needs (detail/chunk_details.hpp) from the footers
 /// of the files it reads (taking what `prefetch` read already), and tells `verify` those files
 /// are checked. With `also`, the whole of that stored tensor too (the validation logits).
-/// Returns the bytes read.
+/// `index` is md's stored_index. Returns the bytes read.
 template <class Store, class Verify>
-std::uint64_t read_plan_details(const Store& storage, metadata& md, const restore_plan& plan, const tensor_meta* also,
-                                Verify& verify, details_prefetch<Store>* prefetch = nullptr) {
+std::uint64_t read_plan_details(const Store& storage, metadata& md, const stored_index& index, const restore_plan& plan,
+                                const tensor_meta* also, Verify& verify, details_prefetch<Store>* prefetch = nullptr) {
   if (md.format_version == 1) return 0;
   auto wanted = regions_read(md, plan);
   if (also) wanted.push_back({static_cast<std::size_t>(also - md.tensors.data()), shape_t(also->shape.size(), 0), also->shape});
   std::vector<bool> tensors(md.tensors.size(), false);
   for (const auto& w : wanted) tensors[w.tensor] = true;
   const auto files = files_holding(md, wanted);
-  const auto bytes = read_chunk_details(storage, md, tensors, files, nullptr, prefetch);
+  const auto bytes = read_chunk_details(storage, md, tensors, files, nullptr, prefetch, &index.tensors_by_name());
   for (std::uint32_t f = 0; f < files.size(); ++f)
     if (files[f]) verify.checked(f);
   return bytes;

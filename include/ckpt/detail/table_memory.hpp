@@ -29,46 +29,8 @@
 
 namespace ckpt::detail {
 
-/// A std::allocator for per-tensor tables: blocks of `huge_page_bytes` or more are 2 MiB
-/// aligned, rounded up to whole 2 MiB, and advised to the kernel as huge-page memory.
-template <class T>
-struct table_allocator {
-  using value_type = T;
-  static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
-
-  table_allocator() = default;
-  template <class U>
-  table_allocator(const table_allocator<U>&) noexcept {}
-
-  T* allocate(std::size_t n) {
-    if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
-    const auto bytes = n * sizeof(T);
-    if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
-    const auto whole = round_up(bytes);
-    void* p = ::operator new(whole, std::align_val_t{huge_page_bytes});  // the aligned new staging_buffer uses
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    (void)::madvise(p, whole, MADV_HUGEPAGE);  // advice only: refused or ignored, the pages are ordinary ones
-#endif
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    ::operator delete(p, std::align_val_t{n * sizeof(T) < huge_page_bytes ? alignof(T) : huge_page_bytes});
-  }
-
-  template <class U>
-  bool operator==(const table_allocator<U>&) const noexcept {
-    return true;  // stateless: any one frees what another allocated
-  }
-
- private:
-  static std::size_t round_up(std::size_t bytes) noexcept {
-    return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-  }
-};
-
-/// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
-template <class T>
-using table_vector = std::vector<T, table_allocator<T>>;
+/// The size of a transparent huge page on x86-64 (and the alignment asked for here elsewhere).
+inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
 /// Unmaps a huge_page_buffer (or frees it, where there is no mmap).
 struct huge_page_delete {
@@ -77,7 +39,7 @@ struct huge_page_delete {
 #if defined(__linux__)
     ::munmap(p, bytes);
 #else
-    ::operator delete[](p, std::align_val_t{table_allocator<std::byte>::huge_page_bytes});
+    ::operator delete[](p, std::align_val_t{huge_page_bytes});
 #endif
   }
 };
@@ -92,7 +54,7 @@ using huge_page_buffer = std::unique_ptr<std::byte[], huge_page_delete>;
 /// straight from the kernel, not through malloc, so only the pages used are ever touched (glibc's
 /// MALLOC_PERTURB_, which Meson's test runner sets, fills all of a malloc'd block).
 inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised) {
-  constexpr auto huge = table_allocator<std::byte>::huge_page_bytes;
+  constexpr auto huge = huge_page_bytes;
 #if defined(__linux__)
   const auto whole = (bytes + huge - 1) / huge * huge;
   void* m = ::mmap(nullptr, whole + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -112,5 +74,45 @@ inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised)
   return huge_page_buffer(new (std::align_val_t{huge}) std::byte[bytes]);
 #endif
 }
+
+/// A std::allocator for per-tensor tables: blocks of `huge_page_bytes` or more are 2 MiB
+/// aligned, rounded up to whole 2 MiB, and advised to the kernel as huge-page memory.
+template <class T>
+struct table_allocator {
+  using value_type = T;
+
+  table_allocator() = default;
+  template <class U>
+  table_allocator(const table_allocator<U>&) noexcept {}
+
+  T* allocate(std::size_t n) {
+    if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
+    const auto bytes = n * sizeof(T);
+    if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    const auto whole = round_up(bytes);
+    return reinterpret_cast<T*>(huge_page_memory(whole, whole).release());  // advised whole
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    const auto bytes = n * sizeof(T);
+    if (bytes < huge_page_bytes)
+      ::operator delete(p, std::align_val_t{alignof(T)});
+    else
+      huge_page_delete{round_up(bytes)}(reinterpret_cast<std::byte*>(p));
+  }
+
+  template <class U>
+  bool operator==(const table_allocator<U>&) const noexcept {
+    return true;  // stateless: any one frees what another allocated
+  }
+
+ private:
+  static std::size_t round_up(std::size_t bytes) noexcept {
+    return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+  }
+};
+
+/// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
+template <class T>
+using table_vector = std::vector<T, table_allocator<T>>;
 
 }  // namespace ckpt::detail

@@ -123,14 +123,14 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   if constexpr (detail::scatters<Policy>) scatter = policy_.scatter_on_load && comm.size() > 1;
   if constexpr (detail::concurrent_reads<Store>)
     if (!scatter)
-      if (const auto f = detail::own_file(md, static_cast<std::uint32_t>(comm.rank()))) prefetch.start(storage_, md, *f);
+      if (const auto f = detail::own_file(md, static_cast<std::uint32_t>(comm.rank()))) prefetch.start(storage_, md, index.tensors_by_name(), *f);
   visitor v;
   const auto plan = plan_load(state, opts, md, index, ctx, v, result);
   const auto read_own = [&](const detail::restore_plan& own, detail::file_verifier<Store>& verify) {
     read_restore(md, own, opts, verify, result);
   };
   if constexpr (detail::scatters<Policy>) {
-    if (policy_.scatter_on_load && comm.size() > 1) {
+    if (scatter) {
       detail::collective(comm, [&] {  // rank 0 reads for every rank
         if (comm.rank() == 0) result.bytes_read += detail::read_all_chunk_details(storage_, md);
       });
@@ -143,7 +143,7 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
     const detail::tensor_meta* logits = nullptr;
     if (opts.validation_logits)
       if (const auto* t = index.find_tensor(detail::validation_name)) logits = t;
-    result.bytes_read += detail::read_plan_details(storage_, md, plan, logits, verify, &prefetch);
+    result.bytes_read += detail::read_plan_details(storage_, md, index, plan, logits, verify, &prefetch);
     read_own(plan, verify);
     result.bytes_read += verify.bytes_read();
   });
