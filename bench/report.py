@@ -869,7 +869,8 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
           "installed).\n")
     w("## Async save\n")
     w("Same command. `save_async` is timed from the second save on (the first allocates the snapshot buffers, "
-      "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers. The compute "
+      "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers (the fastest of "
+      "three copies just before it: the first after the compute loop runs slower). The compute "
       "loop is a single-threaded multiply-add over 256 KiB, timed while the background save runs, and alone "
       "just before and just after it (each for as long as the save ran; the two averaged, as the CPU's speed "
       "drifts over seconds on this shared machine).\n")

@@ -405,6 +405,49 @@ TEST_CASE("save_async: a failure surfaces in wait(), or else in the next call, a
   CHECK(back == s);
 }
 
+TEST_CASE("a save_async's thread is joined by the next one's thread, not by the caller") {
+  // The caller's save_async returns while the thread before still runs: joining it there cost
+  // the time glibc takes to unmap the stacks its cache frees (docs/performance.md, "Async save").
+  std::atomic<bool> release{false}, first_ended{false}, second_saw_it{false};
+  ckpt::detail::background_thread thread;
+  thread.start({}, [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!release && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    first_ended = true;
+  });
+  thread.start({}, [&] { second_saw_it = first_ended.load(); });
+  CHECK_FALSE(first_ended);  // start did not wait for the first thread
+  release = true;
+  thread.join();
+  CHECK(first_ended);
+  CHECK(second_saw_it);  // the second ran only once the first had ended
+
+  // Through the checkpointer: a failed save_async never waited for is thrown by the next
+  // save_async, which starts nothing; the one after saves, and the destructor joins them all.
+  ckpt::memory_storage mem;
+  test::failing_storage<ckpt::memory_storage> store(mem);
+  big_state s;
+  s.randomise(5);
+  {
+    ckpt::checkpointer<ckpt::single_process, test::failing_storage<ckpt::memory_storage>> cp{{}, store, {.chunk_bytes = 4096}};
+    store.fail_at(3, EIO);
+    (void)cp.save_async(1, s);
+    const auto e = catch_error([&] { (void)cp.save_async(2, s); });
+    CHECK(std::string(e.what()).find("Input/output error") != std::string::npos);
+    store.fail_at(-1);
+    (void)cp.save_async(3, s);
+    (void)cp.save_async(4, s);
+  }
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem};
+  const auto tags = cp.tags();
+  REQUIRE(tags.size() == 2);
+  CHECK(tags[0].iteration == 3);
+  CHECK(tags[1].iteration == 4);
+  big_state back;
+  CHECK(cp.load(back).iteration == 4);
+  CHECK(back == s);
+}
+
 TEST_CASE("destroying a checkpointer finishes its save_async") {
   test::temp_dir dir;
   big_state s;

@@ -56,16 +56,60 @@ struct async_save_state {
   }
 };
 
-/// Joins the thread of the save in flight, if any, and forgets it; throws its error when
-/// `rethrow` and no handle's `wait()` has thrown it already (an error is reported once).
-inline void finish_background_save(std::thread& thread, std::shared_ptr<async_save_state>& pending, bool rethrow) {
-  if (thread.joinable()) thread.join();
+/// The thread of the async save in flight. A save's thread first joins the thread of the save
+/// before it, whose work has ended by then (save_async waits for that): joining a thread frees
+/// its stack, and glibc then unmaps the stacks its cache holds past 40 MiB (those of the workers
+/// each save starts and ends). On a virtual machine each such unmap waits for the other CPUs to
+/// drop the mapping, and joining in save_async had added 45-77 ms to the time it blocks for
+/// (docs/performance.md, "Async save").
+class background_thread {
+ public:
+  /// Starts `body`, the work of the save whose shared state is `state`, on a new thread, which
+  /// first joins the one started before it.
+  template <class F>
+  void start(std::shared_ptr<async_save_state> state, F body) {
+    // jthread: should the new thread not start, the lambda's copy of the old one joins it.
+    thread_ = std::jthread([previous = std::move(thread_), previous_state = std::exchange(state_, std::move(state)),
+                            body = std::move(body)]() mutable {
+      if (previous.joinable()) previous.join();
+      previous_state.reset();  // after the join: see state_
+      body();
+    });
+  }
+  /// Joins the last thread started (which joined those before it).
+  void join() {
+    if (thread_.joinable()) thread_.join();
+    state_.reset();
+  }
+
+ private:
+  std::jthread thread_;
+  // The state of the last save started, released only once its thread is joined. A failed save's
+  // error is freed with the state's last reference, and the caller may be reading that error
+  // (rethrown by settle_background_save) while the thread exits: the reference count is atomic,
+  // but inside libstdc++, where ThreadSanitizer cannot see it, and it reported the free on the
+  // exiting thread as a race. Joined first, the free is ordered after the thread's end.
+  std::shared_ptr<async_save_state> state_;
+};
+
+/// Waits until the save in flight, if any, has ended, and forgets it; throws its error when
+/// `rethrow` and no handle's `wait()` has thrown it already (an error is reported once). Its
+/// thread may still be exiting: the next save's thread joins it (background_thread).
+inline void settle_background_save(std::shared_ptr<async_save_state>& pending, bool rethrow) {
   if (auto st = std::exchange(pending, nullptr)) {
-    std::lock_guard lock(st->mu);
+    std::unique_lock lock(st->mu);
+    st->cv.wait(lock, [&] { return st->finished; });
     const bool unseen = !st->observed;
     st->observed = true;
     if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
   }
+}
+
+/// Joins the thread of the save in flight, if any, and forgets the save; throws its error as
+/// settle_background_save does.
+inline void finish_background_save(background_thread& thread, std::shared_ptr<async_save_state>& pending, bool rethrow) {
+  thread.join();
+  settle_background_save(pending, rethrow);
 }
 }  // namespace detail
 

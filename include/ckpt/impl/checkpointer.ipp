@@ -84,7 +84,7 @@ void checkpointer<Policy, Store, Enc, Device>::save_state(std::uint64_t iteratio
 template <class Policy, class Store, class Enc, class Device>
 save_handle checkpointer<Policy, Store, Enc, Device>::save_state_async(std::uint64_t iteration, detail::state_ref state,
                                                                      const save_options& opts) {
-  finish_pending(true);
+  detail::settle_background_save(pending_, true);  // its thread is joined by the next one's
   auto& comm = policy_.communicator();
   detail::collective(comm, [&] { detail::check_async_allowed(comm); });
   auto plan = std::make_shared<detail::save_plan>(plan_save(iteration, state, opts));
@@ -94,7 +94,7 @@ save_handle checkpointer<Policy, Store, Enc, Device>::save_state_async(std::uint
   });
   auto st = std::make_shared<detail::async_save_state>();
   pending_ = st;
-  background_ = std::thread([this, plan, st] {
+  background_.start(st, [this, plan, st] {
     std::exception_ptr failure;
     detail::lower_thread_priority(options_.async_nice);  // inherited by the pipeline's threads
     try {
