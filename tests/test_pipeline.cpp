@@ -409,7 +409,7 @@ TEST_CASE("a save_async's thread is joined by the next one's thread, not by the 
   // The caller's save_async returns while the thread before still runs: joining it there cost
   // the time glibc takes to unmap the stacks its cache frees (docs/performance.md, "Async save").
   std::atomic<bool> release{false}, first_ended{false}, second_saw_it{false};
-  ckpt::detail::background_thread thread;
+  ckpt::detail::background_save thread;
   thread.start({}, [&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!release && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
@@ -418,7 +418,7 @@ TEST_CASE("a save_async's thread is joined by the next one's thread, not by the 
   thread.start({}, [&] { second_saw_it = first_ended.load(); });
   CHECK_FALSE(first_ended);  // start did not wait for the first thread
   release = true;
-  thread.join();
+  thread.finish(true);
   CHECK(first_ended);
   CHECK(second_saw_it);  // the second ran only once the first had ended
 

@@ -237,8 +237,7 @@ class checkpointer {
   // never makes a checkpointer of its own does not parse it).
   std::unique_ptr<detail::tag_store<Store>> tags_;
   // The save_async in flight: its thread (which uses this object) and its shared state.
-  detail::background_thread background_;
-  std::shared_ptr<detail::async_save_state> pending_;
+  detail::background_save background_;
   // async saves' copies of the tensors, made by the first and reused
   std::unique_ptr<detail::snapshot_buffers<Device>> snapshot_;
   // should_save: the communicator copy the ranks agree through (made by its first call), and

@@ -142,12 +142,11 @@ class memory_tier {
   /// go on in the background (the communicator must allow it, as for checkpointer::save_async).
   template <class T>
   save_handle save_async(std::uint64_t iteration, const T& state, const save_options& opts = {}) {
-    detail::settle_background_save(pending_, true);  // its thread is joined by the next one's
+    background_.settle(true);  // its thread is joined by the next one's
     const auto tag = begin_save(iteration, opts);
     const auto t0 = clock::now();
     auto written = inner_.save_async(iteration, state, opts);
     auto st = std::make_shared<detail::async_save_state>();
-    pending_ = st;
     background_.start(st, [this, tag, st, written, t0] {
       std::exception_ptr failure;
       try {
@@ -607,15 +606,14 @@ class memory_tier {
     return out;
   }
 
-  void finish_pending(bool rethrow) { detail::finish_background_save(background_, pending_, rethrow); }
+  void finish_pending(bool rethrow) { background_.finish(rethrow); }
 
   memory_tier_options options_;
   inner_type inner_;
   detail::node_map nodes_;
   memory_tier_save_report last_;
   memory_tier_load_report last_load_;
-  detail::background_thread background_;
-  std::shared_ptr<detail::async_save_state> pending_;
+  detail::background_save background_;
 };
 
 }  // namespace ckpt

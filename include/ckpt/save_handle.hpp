@@ -56,13 +56,13 @@ struct async_save_state {
   }
 };
 
-/// The thread of the async save in flight. A save's thread first joins the thread of the save
-/// before it, whose work has ended by then (save_async waits for that): joining a thread frees
-/// its stack, and glibc then unmaps the stacks its cache holds past 40 MiB (those of the workers
-/// each save starts and ends). On a virtual machine each such unmap waits for the other CPUs to
-/// drop the mapping, and joining in save_async had added 45-77 ms to the time it blocks for
-/// (docs/performance.md, "Async save").
-class background_thread {
+/// The async save in flight: its thread and its shared state. A save's thread first joins the
+/// thread of the save before it, whose work has ended by then (save_async settles that save
+/// first): joining a thread frees its stack, and glibc then unmaps the stacks its cache holds
+/// past 40 MiB (those of the workers each save starts and ends). On a virtual machine each such
+/// unmap waits for the other CPUs to drop the mapping, and joining in save_async had added
+/// 45-77 ms to the time it blocks for (docs/performance.md, "Async save").
+class background_save {
  public:
   /// Starts `body`, the work of the save whose shared state is `state`, on a new thread, which
   /// first joins the one started before it.
@@ -76,9 +76,24 @@ class background_thread {
       body();
     });
   }
-  /// Joins the last thread started (which joined those before it).
-  void join() {
+
+  /// Waits until the last save started, if any, has ended; throws its error when `rethrow` and
+  /// no handle's `wait()` has thrown it already (an error is reported once). Its thread may
+  /// still be exiting: the next save's thread joins it.
+  void settle(bool rethrow) {
+    if (!state_) return;
+    std::unique_lock lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->finished; });
+    const bool unseen = !state_->observed;
+    state_->observed = true;
+    if (rethrow && unseen && state_->failure) std::rethrow_exception(state_->failure);
+  }
+
+  /// Joins the last thread started (which joined those before it), then settles its save and
+  /// forgets it.
+  void finish(bool rethrow) {
     if (thread_.joinable()) thread_.join();
+    settle(rethrow);
     state_.reset();
   }
 
@@ -86,31 +101,11 @@ class background_thread {
   std::jthread thread_;
   // The state of the last save started, released only once its thread is joined. A failed save's
   // error is freed with the state's last reference, and the caller may be reading that error
-  // (rethrown by settle_background_save) while the thread exits: the reference count is atomic,
-  // but inside libstdc++, where ThreadSanitizer cannot see it, and it reported the free on the
-  // exiting thread as a race. Joined first, the free is ordered after the thread's end.
+  // (rethrown by settle) while the thread exits: the reference count is atomic, but inside
+  // libstdc++, where ThreadSanitizer cannot see it, and it reported the free on the exiting
+  // thread as a race. Joined first, the free is ordered after the thread's end.
   std::shared_ptr<async_save_state> state_;
 };
-
-/// Waits until the save in flight, if any, has ended, and forgets it; throws its error when
-/// `rethrow` and no handle's `wait()` has thrown it already (an error is reported once). Its
-/// thread may still be exiting: the next save's thread joins it (background_thread).
-inline void settle_background_save(std::shared_ptr<async_save_state>& pending, bool rethrow) {
-  if (auto st = std::exchange(pending, nullptr)) {
-    std::unique_lock lock(st->mu);
-    st->cv.wait(lock, [&] { return st->finished; });
-    const bool unseen = !st->observed;
-    st->observed = true;
-    if (rethrow && unseen && st->failure) std::rethrow_exception(st->failure);
-  }
-}
-
-/// Joins the thread of the save in flight, if any, and forgets the save; throws its error as
-/// settle_background_save does.
-inline void finish_background_save(background_thread& thread, std::shared_ptr<async_save_state>& pending, bool rethrow) {
-  thread.join();
-  settle_background_save(pending, rethrow);
-}
 }  // namespace detail
 
 /// A save that `checkpointer::save_async` started: the state was already snapshotted into host

@@ -84,7 +84,7 @@ void checkpointer<Policy, Store, Enc, Device>::save_state(std::uint64_t iteratio
 template <class Policy, class Store, class Enc, class Device>
 save_handle checkpointer<Policy, Store, Enc, Device>::save_state_async(std::uint64_t iteration, detail::state_ref state,
                                                                      const save_options& opts) {
-  detail::settle_background_save(pending_, true);  // its thread is joined by the next one's
+  background_.settle(true);  // its thread is joined by the next one's
   auto& comm = policy_.communicator();
   detail::collective(comm, [&] { detail::check_async_allowed(comm); });
   auto plan = std::make_shared<detail::save_plan>(plan_save(iteration, state, opts));
@@ -93,7 +93,6 @@ save_handle checkpointer<Policy, Store, Enc, Device>::save_state_async(std::uint
     detail::through_gather<Policy>(comm, *plan, device_, [&](auto& via) { snapshot_->take(*plan, via, device_); });
   });
   auto st = std::make_shared<detail::async_save_state>();
-  pending_ = st;
   background_.start(st, [this, plan, st] {
     std::exception_ptr failure;
     detail::lower_thread_priority(options_.async_nice);  // inherited by the pipeline's threads
@@ -255,7 +254,7 @@ std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::w
 
 template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::finish_pending(bool rethrow) {
-  detail::finish_background_save(background_, pending_, rethrow);
+  background_.finish(rethrow);
 }
 
 template <class Policy, class Store, class Enc, class Device>
