@@ -349,7 +349,14 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
               "", 3.0, "torch_load_cold_vs_raw", peer_runs),
     ] if ceilings else []) + [
         *both("load: torch.load time / ckpt load time, warm", "≥ 3", 3.0, "load_warm_vs_torch", peer_runs),
-        *both("async save: time blocked / memcpy of the state", "≤ 1.25", 1.25, "async_blocked_ratio", higher=False),
+        *both("async save: time blocked / the fastest copy of the state (one thread's memcpy, or split over "
+              "ckpt's threads)" if "fastest_copy_s" in f32 else "async save: time blocked / memcpy of the state",
+              "≤ 1.25", 1.25, "async_blocked_ratio", higher=False),
+    ] + ([
+        *both("the same / one thread's memcpy", "", 1.25, "async_blocked_memcpy_ratio", higher=False),
+        *both("the same / the parallel copy after the same compute loop (memory untouched for seconds, "
+              "as the snapshot's)", "", 1.25, "async_blocked_cold_ratio", higher=False),
+    ] if "async_blocked_memcpy_ratio" in f32 else []) + [
         *both("async save: compute loop during the write / alone", "≥ 0.85", 0.85, "compute_during_async_ratio"),
         ("save of 100,000 MoE-like tensors (4 GiB) / the same bytes as one tensor", "≤ 1.1", 1.1, False,
          res["many_tensors"]["many_tensors_save_ratio"], "bf16"),
@@ -515,6 +522,31 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       f"{med(peer['bf16_adam'], 'torch_load_cold_s'):.1f} s from a dropped cache"
       + (", much longer than reading its bytes, so there the ratio is met.\n" if bf16_cold_met else ".\n"))
     w("### What the investigations found\n")
+    w("- **save_async's snapshot: copied by several threads, into huge pages** (2026-12-06, afternoon, issue 24 "
+      "point 2). A throwaway program copied the fp32 state (1 GiB) with `memcpy` after one or two seconds of a "
+      "compute loop on other memory, as the benchmark calls save_async, and at once again: into ordinary pages the "
+      "first copy took 0.075-0.080 s and the next 0.064-0.065 s; into pages advised as huge, 0.067-0.070 and "
+      "0.063-0.064 s. And split over two threads (this VM has two cores): 0.043-0.049 s against 0.070 s for one "
+      "thread, back to back; after the compute loop 0.049-0.067 s, after a pass over the state like an optimizer "
+      "step 0.042-0.052 s, and at once again 0.032-0.035 s. A parked thread woke 0.1-0.2 ms after it was "
+      "told to, so the rest is the memory's state, not the threads'. So the snapshot's buffers of 2 MiB or more now "
+      "lie in transparent huge pages (`staging_buffer`'s `HugePages`, `detail::huge_page_allocator`), and its copies "
+      "of host tensors are split into equal shares over the caller's thread and helpers kept from one save to the "
+      "next (`detail::copy_crew`; `checkpointer_options::threads` threads, shares of at least 32 MiB; tested in "
+      "tests/test_pipeline.cpp). The benchmark's baseline changed with it: the fastest of nine copies made back to "
+      "back, three `memcpy`s into ordinary pages, three into huge pages, and three split over as many threads as "
+      "the snapshot uses; and it also times that parallel copy after the same two seconds of compute, into huge "
+      "pages last written seconds before (the *cold copy*). `save_load --workload fp32 --gib 1 --runs 5`, the "
+      "benchmark of this change built against the headers before (645d77a) and after, one invocation each, "
+      "g++ -O2 outside Meson, on a busier hour than the morning's: time blocked 0.105-0.122 s before and "
+      "0.076-0.089 s after; against the fastest copy 2.49-3.21 before and 1.97-2.65 after; against one thread's "
+      "memcpy 1.46-1.81 and 1.14-1.50; against the cold copy 1.43-2.00 and 0.89-1.19 (median 1.10). bf16+Adam "
+      "(2.5 GiB, `--runs 3`): blocked 0.163-0.180 s after, against the fastest copy 1.91-2.27, one thread's memcpy "
+      "1.09-1.21, the cold copy 0.91-1.08. Issue 24's 1.1 against a memcpy is met only against the copy made "
+      "in the same conditions; against the fastest copy this VM makes back to back, twice as fast as one thread's "
+      "and the strictest baseline, it is missed by about 2×: what is left is the memory's state after seconds of "
+      "other work (on this VM a first copy of cold memory costs 30-60 % more), which a snapshot taken when "
+      "training asks for it still pays: this change does not remove it.")
     w("- **save_async waited for the thread of the save before it to unmap thread stacks** (2026-12-06, issue 24 "
       "point 2). In the report's run of that morning `save_async` blocked for 1.60 times a memcpy of the fp32 state "
       "(runs 1.00-1.85; target ≤ 1.25). Timers inside `save_async` (a throwaway copy of the headers, `save_load "
@@ -894,16 +926,34 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
           "installed).\n")
     w("## Async save\n")
     w("Same command. `save_async` is timed from the second save on (the first allocates the snapshot buffers, "
-      "which later saves reuse) against a `memcpy` of the whole state into preallocated buffers (the fastest of "
-      "three copies just before it: the first after the compute loop runs slower). The compute "
+      "which later saves reuse) against a copy of the whole state into preallocated buffers made just before "
+      "it: the fastest of nine, three `memcpy`s on one thread into ordinary pages, three into huge pages (as "
+      "ckpt's snapshot buffers are), and three split over as many threads as ckpt's snapshot copies with "
+      "(its `threads` option: one per core, at most 8). The compute "
       "loop is a single-threaded multiply-add over 256 KiB, timed while the background save runs, and alone "
       "just before and just after it (each for as long as the save ran; the two averaged, as the CPU's speed "
       "drifts over seconds on this shared machine).\n")
-    w("| workload | memcpy s | save_async blocked s | ratio | compute during / alone |")
-    w("|---|---:|---:|---:|---:|")
-    for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
-        w(f"| {label} | {med(d, 'memcpy_s'):.3f} | {med(d, 'async_blocked_s'):.3f} | "
-          f"{med(d, 'async_blocked_ratio'):.2f} | {med(d, 'compute_during_async_ratio'):.2f} |")
+    if "fastest_copy_s" in f32:
+        w("The copies are made back to back, each into memory the one before had just touched; save_async "
+          "copies after seconds of compute on other memory. So the table also has the parallel copy made after "
+          "the same two seconds of compute, into huge pages last written seconds before (the *cold copy*).\n")
+        w("| workload | memcpy, one thread, s | fastest copy s | cold copy s | save_async blocked s | "
+          "blocked / fastest | blocked / memcpy | blocked / cold copy | compute during / alone |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
+            w(f"| {label} | {med(d, 'memcpy_s'):.3f} | {med(d, 'fastest_copy_s'):.3f} | {med(d, 'cold_copy_s'):.3f} | "
+              f"{med(d, 'async_blocked_s'):.3f} | {med(d, 'async_blocked_ratio'):.2f} | "
+              f"{med(d, 'async_blocked_memcpy_ratio'):.2f} | {med(d, 'async_blocked_cold_ratio'):.2f} | "
+              f"{med(d, 'compute_during_async_ratio'):.2f} |")
+    else:  # results of runs before the fastest copy was measured
+        w("The table below is from a run before that baseline (and before the snapshot copied with several "
+          "threads into huge pages): its ratio is to the fastest of three one-thread `memcpy`s. The investigation "
+          "\"save_async's snapshot: copied by several threads\" above has the figures since.\n")
+        w("| workload | memcpy s | save_async blocked s | ratio | compute during / alone |")
+        w("|---|---:|---:|---:|---:|")
+        for label, d in (("fp32", f32), ("bf16+Adam", bfa)):
+            w(f"| {label} | {med(d, 'memcpy_s'):.3f} | {med(d, 'async_blocked_s'):.3f} | "
+              f"{med(d, 'async_blocked_ratio'):.2f} | {med(d, 'compute_during_async_ratio'):.2f} |")
     w("")
     w("## Memory\n")
     w(f"`build/bench/save_load --rss {a.rss_gib:g} --codec raw|zstd_bytegroup`: peak resident memory (VmHWM) "

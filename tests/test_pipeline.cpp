@@ -4,6 +4,9 @@
 #include "failing_storage.hpp"
 #include "helpers.hpp"
 
+#include <ckpt/detail/copy_crew.hpp>
+
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <chrono>
@@ -446,6 +449,77 @@ TEST_CASE("a save_async's thread is joined by the next one's thread, not by the 
   big_state back;
   CHECK(cp.load(back).iteration == 4);
   CHECK(back == s);
+}
+
+TEST_CASE("copy_crew copies every byte once, across copies and shares, with helpers kept between rounds") {
+  // Odd sizes, an empty copy, and shares (of at least 5000 bytes) that split copies mid-way.
+  const std::vector<std::size_t> sizes{1, 0, 12345, 4096, 70001, 3, 8191, 40000};
+  std::vector<std::vector<std::byte>> from, to;
+  std::mt19937 gen(7);
+  for (const auto n : sizes) {
+    auto& f = from.emplace_back(n);
+    for (auto& b : f) b = static_cast<std::byte>(gen());
+    to.emplace_back(n + 2, std::byte{0xEE});  // a guard byte on each side
+  }
+  std::vector<ckpt::detail::copy_job> jobs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) jobs.push_back({to[i].data() + 1, from[i].data(), sizes[i]});
+  const auto check = [&] {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CHECK(to[i].front() == std::byte{0xEE});
+      CHECK(to[i].back() == std::byte{0xEE});
+      CHECK(std::equal(from[i].begin(), from[i].end(), to[i].begin() + 1));
+    }
+  };
+  ckpt::detail::copy_crew crew(4, 5000);
+  crew.copy(jobs);  // 134,548 bytes: four shares
+  check();
+  CHECK(crew.helpers() == 3);
+  for (auto& t : to) std::fill(t.begin() + 1, t.end() - 1, std::byte{0});
+  crew.copy(std::span(jobs).subspan(0, 3));  // 12,346 bytes: two shares, one helper idle
+  for (std::size_t i = 0; i < 3; ++i) CHECK(std::equal(from[i].begin(), from[i].end(), to[i].begin() + 1));
+  CHECK(to[4][1] == std::byte{0});  // not in this round
+  crew.copy(jobs);
+  check();
+  CHECK(crew.helpers() == 3);  // the same helpers, not new ones
+
+  ckpt::detail::copy_crew alone(1, 1);
+  for (auto& t : to) std::fill(t.begin() + 1, t.end() - 1, std::byte{0});
+  alone.copy(jobs);
+  check();
+  CHECK(alone.helpers() == 0);
+}
+
+/// 100 MiB in three tensors: a snapshot splits it over three threads (shares of 32 MiB and
+/// more), cutting the first tensor in the middle.
+struct large_state {
+  std::vector<float> a = std::vector<float>((std::size_t{64} << 20) / 4 + 3);
+  std::vector<std::int32_t> b = std::vector<std::int32_t>((std::size_t{24} << 20) / 4 - 5);
+  std::vector<std::uint8_t> c = std::vector<std::uint8_t>((std::size_t{12} << 20) + 1);
+  template <class V>
+  void checkpoint(V& v) {
+    v.tensor("a", a);
+    v.tensor("b", b);
+    v.tensor("c", c);
+  }
+  bool operator==(const large_state&) const = default;
+};
+
+TEST_CASE("save_async copies a large host state with several threads, and saves it as it was") {
+  using large = large_state;
+  auto s = std::make_unique<large>();
+  test::fill_random(s->a, 1);
+  test::fill_random(s->b, 2);
+  test::fill_random(s->c, 3);
+  const auto at_save = std::make_unique<large>(*s);
+  ckpt::memory_storage mem;
+  ckpt::checkpointer<ckpt::single_process, ckpt::memory_storage> cp{{}, mem, {.threads = 3}};
+  auto pending = cp.save_async(1, *s);
+  test::fill_random(s->a, 4);  // training goes on
+  test::fill_random(s->c, 5);
+  pending.wait();
+  auto back = std::make_unique<large>();
+  cp.load(*back);
+  CHECK(*back == *at_save);
 }
 
 TEST_CASE("destroying a checkpointer finishes its save_async") {

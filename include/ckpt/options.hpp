@@ -30,8 +30,9 @@ struct checkpointer_options {
   /// columns are made where the DevicePolicy has a host view (host memory); elsewhere only
   /// blocks that are byte ranges of the slice (along its outermost dimension).
   std::uint32_t reshard_blocks = 16;
-  /// Threads that encode and hash chunks while a save writes, and read, verify and decode them
-  /// during a load (0: one per core, at most 8).
+  /// Threads that encode and hash chunks while a save writes, read, verify and decode them
+  /// during a load, and copy a save_async's snapshot of host tensors, the caller's thread among
+  /// them (0: one per core, at most 8).
   unsigned threads = 0;
   /// Host memory a save may hold in chunk buffers at once (staged and encoded chunks in flight);
   /// at least one chunk's worth is always used. Raw chunks of host tensors need none. An async

@@ -14,6 +14,7 @@
 #include "../concepts.hpp"
 #include "../lent_buffer.hpp"
 #include "../tensor.hpp"
+#include "table_memory.hpp"
 
 namespace ckpt::detail {
 
@@ -37,7 +38,10 @@ struct aligned_allocator {
 /// resize. Only `resize` borrows, so callers size buffers on the thread that calls the policy.
 /// `Align`: the alignment of the buffer when it is not lent (a load's buffers are page-aligned,
 /// so that posix's O_DIRECT reads fill them without a copy: posix::reader::reads_in_place).
-template <class D, std::size_t Align = __STDCPP_DEFAULT_NEW_ALIGNMENT__>
+/// `HugePages`: whether a buffer of 2 MiB or more that is not lent lies in transparent huge pages
+/// (huge_page_allocator), for buffers kept from one use to the next: copied into after seconds
+/// untouched, as an async save's snapshot is, ordinary pages cost a page-table walk per 4 KiB.
+template <class D, std::size_t Align = __STDCPP_DEFAULT_NEW_ALIGNMENT__, bool HugePages = false>
 class staging_buffer {
  public:
   void resize(std::size_t n, D& device) {
@@ -83,8 +87,9 @@ class staging_buffer {
 
  private:
   lent_buffer lent_;
-  std::conditional_t<(Align > __STDCPP_DEFAULT_NEW_ALIGNMENT__), std::vector<std::byte, aligned_allocator<std::byte, Align>>,
-                     std::vector<std::byte>>
+  std::conditional_t<HugePages, std::vector<std::byte, huge_page_allocator<std::byte, Align, false>>,
+                     std::conditional_t<(Align > __STDCPP_DEFAULT_NEW_ALIGNMENT__),
+                                        std::vector<std::byte, aligned_allocator<std::byte, Align>>, std::vector<std::byte>>>
       vec_;
   std::size_t size_ = 0;
   bool lent_used_ = false;

@@ -75,41 +75,52 @@ inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised)
 #endif
 }
 
-/// A std::allocator for per-tensor tables: blocks of `huge_page_bytes` or more are 2 MiB
-/// aligned, rounded up to whole 2 MiB, and advised to the kernel as huge-page memory.
-template <class T>
-struct table_allocator {
+/// A std::allocator whose blocks of `huge_page_bytes` or more are 2 MiB aligned, rounded up to
+/// whole 2 MiB and mapped with huge_page_memory; smaller blocks come from operator new, aligned
+/// to `Align`. `AdviseTail`: whether the last, partial 2 MiB of a block is advised too (a table's
+/// tail is touched as it grows; a buffer's unused tail then costs no huge page).
+template <class T, std::size_t Align = alignof(T), bool AdviseTail = true>
+struct huge_page_allocator {
   using value_type = T;
-
-  table_allocator() = default;
   template <class U>
-  table_allocator(const table_allocator<U>&) noexcept {}
+  struct rebind {
+    using other = huge_page_allocator<U, Align, AdviseTail>;
+  };
+
+  huge_page_allocator() = default;
+  template <class U>
+  huge_page_allocator(const huge_page_allocator<U, Align, AdviseTail>&) noexcept {}
 
   T* allocate(std::size_t n) {
     if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
     const auto bytes = n * sizeof(T);
-    if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{small_align}));
     const auto whole = round_up(bytes);
-    return reinterpret_cast<T*>(huge_page_memory(whole, whole).release());  // advised whole
+    return reinterpret_cast<T*>(huge_page_memory(whole, AdviseTail ? whole : bytes).release());
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const auto bytes = n * sizeof(T);
     if (bytes < huge_page_bytes)
-      ::operator delete(p, std::align_val_t{alignof(T)});
+      ::operator delete(p, std::align_val_t{small_align});
     else
       huge_page_delete{round_up(bytes)}(reinterpret_cast<std::byte*>(p));
   }
 
   template <class U>
-  bool operator==(const table_allocator<U>&) const noexcept {
+  bool operator==(const huge_page_allocator<U, Align, AdviseTail>&) const noexcept {
     return true;  // stateless: any one frees what another allocated
   }
 
  private:
+  static constexpr std::size_t small_align = std::max(Align, alignof(T));
   static std::size_t round_up(std::size_t bytes) noexcept {
     return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
   }
 };
+
+/// The allocator of per-tensor tables: whole blocks advised as huge pages.
+template <class T>
+using table_allocator = huge_page_allocator<T>;
 
 /// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
 template <class T>

@@ -89,7 +89,7 @@ save_handle checkpointer<Policy, Store, Enc, Device>::save_state_async(std::uint
   detail::collective(comm, [&] { detail::check_async_allowed(comm); });
   auto plan = std::make_shared<detail::save_plan>(plan_save(iteration, state, opts));
   detail::collective(comm, [&] {
-    if (!snapshot_) snapshot_ = std::make_unique<detail::snapshot_buffers<Device>>();
+    if (!snapshot_) snapshot_ = std::make_unique<detail::snapshot_buffers<Device>>(detail::worker_count(options_.threads));
     detail::through_gather<Policy>(comm, *plan, device_, [&](auto& via) { snapshot_->take(*plan, via, device_); });
   });
   auto st = std::make_shared<detail::async_save_state>();
