@@ -391,7 +391,10 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
                   "save / a verified write without the format: copy, hash, O_DIRECT at ckpt's depth",
                   "save of page-aligned tensors (no copy) / the round's fastest raw write",
                   "the most any writer could reach there: torch.save+fsync / fio's write of the same bytes",
-                  "the most any reader could reach there: torch.load cold / fio's read of the same bytes"}
+                  "the most any reader could reach there: torch.load cold / fio's read of the same bytes",
+                  "the same / one thread's memcpy",
+                  "the same / the parallel copy after the same compute loop (memory untouched for seconds, "
+                  "as the snapshot's)"}
     img = os.path.join(ROOT, "docs", "img")
     os.makedirs(img, exist_ok=True)
 
@@ -548,7 +551,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "in the same conditions; against the fastest copy this VM makes back to back, twice as fast as one thread's "
       "and the strictest baseline, it is missed by about 2×: what is left is the memory's state after seconds of "
       "other work (on this VM a first copy of cold memory costs 30-60 % more), which a snapshot taken when "
-      "training asks for it still pays: this change does not remove it.")
+      "training asks for it still pays: this change does not remove it. The report's run at the top of this page, the "
+      "first with the change: blocked / the fastest copy 2.06 fp32 and 2.17 bf16+Adam, / one thread's memcpy 1.07 "
+      "and 1.26, / the cold copy 1.03 and 1.13. In that run the benchmark's parallel copies still started their "
+      "threads inside the timing (one helper on this machine, about 0.1 ms); since the review that followed they are "
+      "started before the clock, which on a machine of many cores keeps glibc's unmapping of freed stacks out of "
+      "the baseline.")
     w("- **save_async waited for the thread of the save before it to unmap thread stacks** (2026-12-06, issue 24 "
       "point 2). In the report's run of that morning `save_async` blocked for 1.60 times a memcpy of the fp32 state "
       "(runs 1.00-1.85; target ≤ 1.25). Timers inside `save_async` (a throwaway copy of the headers, `save_load "

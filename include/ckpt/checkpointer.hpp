@@ -110,7 +110,10 @@ class checkpointer {
   /// committing continue on a background thread (collective: every rank calls it). The caller
   /// may change its tensors as soon as this returns. At most one save is in flight: the next
   /// save, save_async or load first waits for it, and throws its error if no handle's `wait()`
-  /// has. The snapshot buffers are kept and reused by the next async save.
+  /// has. The snapshot buffers are kept and reused by the next async save. Host tensors are
+  /// copied by the calling thread and helper threads that stay parked between saves: at most
+  /// `checkpointer_options::threads` in all, one per 32 MiB (a smaller state is copied by the
+  /// caller alone).
   ///
   /// On more than one rank the communicator is used from the background thread, so it must
   /// say it is safe to (`ckpt::mpi` needs MPI_Init_thread with MPI_THREAD_MULTIPLE).

@@ -32,7 +32,8 @@ struct checkpointer_options {
   std::uint32_t reshard_blocks = 16;
   /// Threads that encode and hash chunks while a save writes, read, verify and decode them
   /// during a load, and copy a save_async's snapshot of host tensors, the caller's thread among
-  /// them (0: one per core, at most 8).
+  /// them (0: one per core, at most 8). They inherit the caller's CPU affinity: a rank pinned to
+  /// one core runs them all on it.
   unsigned threads = 0;
   /// Host memory a save may hold in chunk buffers at once (staged and encoded chunks in flight);
   /// at least one chunk's worth is always used. Raw chunks of host tensors need none. An async

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <span>
 #include <system_error>
 #include <thread>
@@ -50,14 +51,14 @@ class copy_crew {
     for (auto& t : helpers_) t.join();
   }
 
-  /// Makes every copy in `jobs` and returns when all have been made. The bytes are split into
-  /// equal shares at 4 KiB boundaries, across copies, one share per thread.
+  /// Makes every copy in `jobs` and returns when all have been made. The bytes, taken end to end
+  /// across the copies, are cut into equal shares (share_begin), one per thread.
   void copy(std::span<const copy_job> jobs) {
     std::size_t total = 0;
     for (const auto& j : jobs) total += j.bytes;
     const auto n = static_cast<unsigned>(std::min<std::size_t>(threads_, std::max<std::size_t>(1, total / min_share_)));
-    const auto helpers = start_helpers(n - 1);
-    if (helpers == 0) {
+    const auto started = start_helpers(n - 1);
+    if (started == 0) {
       for (const auto& j : jobs)
         if (j.bytes != 0) std::memcpy(j.to, j.from, j.bytes);
       return;
@@ -66,30 +67,43 @@ class copy_crew {
       std::lock_guard lock(mu_);
       jobs_ = jobs;
       total_ = total;
-      shares_ = helpers + 1;
-      unfinished_ = helpers;
+      shares_ = started + 1;
+      unfinished_ = started;
       ++round_;
     }
     start_.notify_all();
-    copy_share(jobs, total, 0, helpers + 1);
+    copy_share(jobs, total, 0, started + 1);
     std::unique_lock lock(mu_);
     done_.wait(lock, [&] { return unfinished_ == 0; });
   }
 
+  /// Where share `k` of `n` begins in `total` bytes (`total` for k = n): equal shares, the last
+  /// taking the remainder. Cut at any byte: two threads then share at most one cache line at a
+  /// cut, which costs nothing that can be measured against megabytes.
+  static std::size_t share_begin(std::size_t total, unsigned k, unsigned n) noexcept {
+    return k >= n ? total : total / n * k;
+  }
+
   /// Helper threads started so far (for tests).
   std::size_t helpers() const noexcept { return helpers_.size(); }
+  /// Shares the helpers have copied, over all rounds (for tests).
+  std::size_t helper_shares() {
+    std::lock_guard lock(mu_);
+    return helper_shares_;
+  }
 
  private:
   /// Starts helpers until `wanted` run; returns how many do (fewer where the system refuses a
   /// thread: the copy then runs with those it has).
   unsigned start_helpers(unsigned wanted) {
-    while (helpers_.size() < wanted) {
-      try {
+    try {
+      helpers_.reserve(wanted);
+      while (helpers_.size() < wanted) {
         const auto index = static_cast<unsigned>(helpers_.size()) + 1;  // share 0 is the caller's
         helpers_.emplace_back([this, index] { help(index); });
-      } catch (const std::system_error&) {
-        break;
       }
+    } catch (const std::system_error&) {
+    } catch (const std::bad_alloc&) {
     }
     return std::min(wanted, static_cast<unsigned>(helpers_.size()));
   }
@@ -108,17 +122,15 @@ class copy_crew {
       lock.unlock();
       copy_share(jobs, total, index, shares);
       lock.lock();
+      ++helper_shares_;
       if (--unfinished_ == 0) done_.notify_one();
     }
   }
 
-  /// Copies share `k` of `n`: the bytes [begin(k), begin(k + 1)) of the jobs taken end to end.
+  /// Copies share `k` of `n`: the bytes [share_begin(k), share_begin(k + 1)) of the jobs taken
+  /// end to end.
   static void copy_share(std::span<const copy_job> jobs, std::size_t total, unsigned k, unsigned n) {
-    const auto begin = [&](unsigned i) -> std::size_t {
-      if (i >= n) return total;
-      return total / n * i / 4096 * 4096;
-    };
-    const auto from = begin(k), to = begin(k + 1);
+    const auto from = share_begin(total, k, n), to = share_begin(total, k + 1, n);
     std::size_t at = 0;  // where the current job starts, in the bytes taken end to end
     for (const auto& j : jobs) {
       const auto lo = std::max(from, at), hi = std::min(to, at + j.bytes);
@@ -138,6 +150,7 @@ class copy_crew {
   std::size_t total_ = 0;
   unsigned shares_ = 0;
   unsigned unfinished_ = 0;
+  std::size_t helper_shares_ = 0;
   bool stop_ = false;
 };
 

@@ -60,6 +60,9 @@ class snapshot_buffers {
       copy.laid_out(t.ref.order());  // a column-major tensor stays one
       t.ref = std::move(copy);
     }
+    // The host copies wait for the loop, which may itself wait for device copies (past 8 in
+    // flight): in a state of both kinds, the CPU idles there. A state lies on one device or on
+    // the host, as a rule, and split over threads the host copies gain more than that costs.
     crew_.copy(host_copies_);  // while the device copies land
     copies.wait();
   }
