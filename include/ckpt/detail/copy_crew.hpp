@@ -58,11 +58,7 @@ class copy_crew {
     for (const auto& j : jobs) total += j.bytes;
     const auto n = static_cast<unsigned>(std::min<std::size_t>(threads_, std::max<std::size_t>(1, total / min_share_)));
     const auto started = start_helpers(n - 1);
-    if (started == 0) {
-      for (const auto& j : jobs)
-        if (j.bytes != 0) std::memcpy(j.to, j.from, j.bytes);
-      return;
-    }
+    if (started == 0) return copy_share(jobs, total, 0, 1);  // the caller alone
     {
       std::lock_guard lock(mu_);
       jobs_ = jobs;

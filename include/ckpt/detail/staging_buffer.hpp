@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <new>
 #include <span>
 #include <type_traits>
@@ -86,11 +87,11 @@ class staging_buffer {
   bool lent() const noexcept { return lent_used_; }
 
  private:
+  using allocator = std::conditional_t<HugePages, huge_page_allocator<std::byte, Align, false>,
+                                       std::conditional_t<(Align > __STDCPP_DEFAULT_NEW_ALIGNMENT__),
+                                                          aligned_allocator<std::byte, Align>, std::allocator<std::byte>>>;
   lent_buffer lent_;
-  std::conditional_t<HugePages, std::vector<std::byte, huge_page_allocator<std::byte, Align, false>>,
-                     std::conditional_t<(Align > __STDCPP_DEFAULT_NEW_ALIGNMENT__),
-                                        std::vector<std::byte, aligned_allocator<std::byte, Align>>, std::vector<std::byte>>>
-      vec_;
+  std::vector<std::byte, allocator> vec_;
   std::size_t size_ = 0;
   bool lent_used_ = false;
 };
