@@ -622,6 +622,51 @@ std::string envelope(const std::string& doc) {
 }
 }  // namespace
 
+TEST_CASE("metadata.json written in parts around tensor records encoded ahead is the same file") {
+  // A save encodes the tensors' records while its bytes are written, and the commit writes the
+  // rest around them (tag_store::commit): the file must be what encode_metadata writes.
+  metadata md;
+  md.tag = "global_step7";
+  md.iteration = 7;
+  md.config.set("lr", "0.1");
+  md.files.push_back({"mp_rank_00/model_optim_rng.ckpt", 0, 8192, 0x0123456789abcdefu});
+  md.values.push_back({"step", 0, 0, 4096, 9, 42});
+  const auto parts = [](const metadata& m) {
+    const auto records = encode_tensor_records(m);
+    const auto around = encode_metadata_around(m, records);
+    return around.head + records + around.tail;
+  };
+  SUBCASE("no tensors") {
+    CHECK(encode_tensor_records(md) == "[]");
+    CHECK(parts(md) == encode_metadata(md));
+  }
+  SUBCASE("tensors of both layouts") {
+    for (int i = 0; i < 3; ++i) {
+      tensor_meta t;
+      t.name = "layers." + std::to_string(i) + ".w\"quoted\"";
+      t.type = ckpt::dtype::bf16;
+      t.shape = {4, 5 + static_cast<std::uint64_t>(i)};
+      if (i == 1) t.order = ckpt::layout::column_major;
+      md.tensors.push_back(t);
+    }
+    const auto whole = encode_metadata(md);
+    CHECK(parts(md) == whole);
+    const auto back = decode_metadata(parts(md), "m.json");  // its checksum covers all three parts
+    CHECK(back.tensors.size() == 3);
+    CHECK(back.tensors.at(1).order == ckpt::layout::column_major);
+    CHECK(back.tensors.at(2).name == "layers.2.w\"quoted\"");
+  }
+  SUBCASE("records of other tensors give another checksum") {
+    tensor_meta t;
+    t.name = "w";
+    md.tensors.push_back(t);
+    auto other = md;
+    other.tensors[0].name = "v";
+    const auto around = encode_metadata_around(md, encode_tensor_records(other));
+    CHECK(around.head != encode_metadata_around(md, encode_tensor_records(md)).head);
+  }
+}
+
 TEST_CASE("metadata.json is read by member name, and a wrong member is corrupt, naming it") {
   metadata md;
   md.tag = "global_step3";

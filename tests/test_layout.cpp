@@ -44,7 +44,7 @@ d::written_shard layout_shard(std::uint32_t r, std::uint64_t row0, std::uint64_t
   return w;
 }
 
-std::vector<std::byte> report_bytes(const std::string& s) {
+std::vector<std::byte> report_bytes(std::string_view s) {
   const auto* b = reinterpret_cast<const std::byte*>(s.data());
   return {b, b + s.size()};
 }

@@ -15,7 +15,10 @@
 namespace ckpt::detail {
 
 /// A string's bytes, as the Communicator sends them.
-inline std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
+template <class Alloc>
+std::span<const std::byte> as_bytes(const std::basic_string<char, std::char_traits<char>, Alloc>& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
 
 inline std::vector<std::byte> encode_status(const error* e) {
   std::vector<std::byte> b;

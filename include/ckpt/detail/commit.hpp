@@ -31,6 +31,7 @@
 #include "name_index.hpp"
 #include "name_sort.hpp"
 #include "shard_io.hpp"
+#include "table_memory.hpp"
 
 #include "../impl/decl.hpp"
 
@@ -45,9 +46,9 @@ namespace ckpt::detail {
 /// - `own`: its file (path, size, footer checksum), its values, which grid cell of each tensor
 ///   it wrote (as arithmetic runs: usually one), and the chunks of tensors that are not a grid.
 struct rank_summary {
-  std::string schema;
+  table_string schema;
   std::uint64_t schema_hash = 0;
-  std::string own;
+  table_string own;
 };
 
 CKPT_DECL rank_summary summarize(const written_shard* w, const std::vector<std::string>& held);
@@ -56,11 +57,11 @@ inline rank_summary summarize(const std::optional<written_shard>& w, const std::
 }
 
 /// The report a rank gathers to rank 0: its own part, and its schema when `with_schema`.
-CKPT_DECL std::string encode_report(const rank_summary& s, bool with_schema);
+CKPT_DECL table_string encode_report(const rank_summary& s, bool with_schema);
 
 /// Every rank's report with its schema (tests and benchmarks; merge_reports uses the first
 /// schema of each hash it receives).
-inline std::string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
+inline table_string encode_report(const std::optional<written_shard>& w, const std::vector<std::string>& held) {
   return encode_report(summarize(w, held), true);
 }
 
@@ -99,25 +100,41 @@ inline unsigned merge_threads() noexcept { return std::clamp(std::thread::hardwa
 /// (each cell once), so the cost is one small record per rank and tensor. Others get a list,
 /// checked chunk by chunk.
 CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
-                                 const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
+                                 const ckpt::config& cfg, std::span<const std::span<const std::byte>> reports,
                                  unsigned threads = merge_threads());
+
+/// Views of the reports a Communicator's gather returned, for merge_reports.
+inline std::vector<std::span<const std::byte>> report_views(const std::vector<std::vector<std::byte>>& reports) {
+  return {reports.begin(), reports.end()};
+}
+
+/// merge_reports of reports as a Communicator's gather returns them (tests and benchmarks).
+inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
+                              const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
+                              unsigned threads = merge_threads()) {
+  return merge_reports(tag, iteration, topo, cfg, report_views(reports), threads);
+}
 
 /// Rank 0's merge of the reports the ranks made from their shard files' plans, on a thread of
 /// its own while the files are written, so that a save of many tensors does not wait for it
-/// after the last byte. `get` joins it and returns the metadata or throws its error; a save
-/// that fails first leaves it to the destructor, which joins it and drops its result.
+/// after the last byte; the same thread then encodes the tensors' records of metadata.json
+/// (`tensor_records`), which the files' sizes and values do not change. `get` joins it and
+/// returns the metadata or throws its error; a save that fails first leaves it to the
+/// destructor, which joins it and drops its result.
 class background_merge {
  public:
   background_merge() = default;
   background_merge(const background_merge&) = delete;
   background_merge& operator=(const background_merge&) = delete;
 
-  /// Starts the merge; `reports` must outlive this object or the call to `get`.
+  /// Starts the merge; the bytes `reports` views must outlive this object or the call to `get`.
   void start(std::string tag, std::uint64_t iteration, ckpt::topology topo, ckpt::config cfg,
-             const std::vector<std::vector<std::byte>>& reports) {
-    thread_ = std::jthread([this, tag = std::move(tag), iteration, topo = std::move(topo), cfg = std::move(cfg), &reports] {
+             std::vector<std::span<const std::byte>> reports) {
+    thread_ = std::jthread([this, tag = std::move(tag), iteration, topo = std::move(topo), cfg = std::move(cfg),
+                            reports = std::move(reports)] {
       try {
         md_ = merge_reports(tag, iteration, topo, cfg, reports);
+        records_ = encode_tensor_records(md_);
       } catch (...) {
         failure_ = std::current_exception();
       }
@@ -128,9 +145,12 @@ class background_merge {
     if (failure_) std::rethrow_exception(failure_);
     return std::move(md_);
   }
+  /// encode_tensor_records of what `get` returned.
+  std::string_view tensor_records() const noexcept { return records_; }
 
  private:
   metadata md_;
+  std::string records_;
   std::exception_ptr failure_;
   std::jthread thread_;  // last: joined before the results it writes are destroyed
 };

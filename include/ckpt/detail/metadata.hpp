@@ -103,6 +103,21 @@ inline constexpr int max_json_depth = 32;
 
 CKPT_DECL std::string encode_metadata(const metadata& md);
 
+/// The tensors' records of metadata.json, its `tensors` array exactly as encode_metadata writes
+/// it. They are most of the file (about 90 bytes per tensor) and known once the ranks' reports
+/// are merged, so a save encodes them while its bytes are written (detail::background_merge);
+/// the commit then writes them between the other parts, uncopied (metadata_text).
+CKPT_DECL std::string encode_tensor_records(const metadata& md);
+
+/// metadata.json in three parts, written one after another: `head` (the envelope with the
+/// checksum of the whole document, and the members before the tensors), the tensors' records
+/// (`encode_tensor_records` of the same metadata, held by the caller) and `tail` (the members
+/// after them). head + records + tail is encode_metadata(md), byte for byte.
+struct metadata_text {
+  std::string head, tail;
+};
+CKPT_DECL metadata_text encode_metadata_around(const metadata& md, std::string_view tensor_records);
+
 /// Rejects JSON nested deeper than `max_json_depth` before the recursive parser sees it.
 CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file);
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #if defined(__linux__)
@@ -125,5 +126,9 @@ using table_allocator = huge_page_allocator<T>;
 /// A vector whose elements are one per tensor (or per chunk) of a checkpoint.
 template <class T>
 using table_vector = std::vector<T, table_allocator<T>>;
+
+/// Bytes with a few per tensor, built once per save: the report a rank makes of its shard
+/// file's plan (megabytes for a model of 100,000 tensors).
+using table_string = std::basic_string<char, std::char_traits<char>, table_allocator<char>>;
 
 }  // namespace ckpt::detail

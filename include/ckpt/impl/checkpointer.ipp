@@ -207,9 +207,14 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
   });
   const auto summary = detail::summarize(own ? &own->shard : nullptr, plan.held);
   const auto report = detail::encode_report(summary, detail::sends_schema(comm, summary));
-  const auto reports = comm.gather(detail::as_bytes(report), 0);
-  detail::background_merge merge;  // declared after `reports`, which it reads: joined first
-  if (comm.rank() == 0) merge.start(plan.tag, plan.iteration, policy_.topology(), plan.config, reports);
+  // Alone, a rank merges its own report where it lies: a model of many tensors makes one of
+  // megabytes, which a gather would copy into fresh memory.
+  std::vector<std::vector<std::byte>> gathered;
+  if (comm.size() > 1) gathered = comm.gather(detail::as_bytes(report), 0);
+  detail::background_merge merge;  // declared after the reports, which it reads: joined first
+  if (comm.rank() == 0)
+    merge.start(plan.tag, plan.iteration, policy_.topology(), plan.config,
+                comm.size() > 1 ? detail::report_views(gathered) : std::vector{detail::as_bytes(report)});
   comm.barrier();
   std::optional<detail::written_shard> written;
   detail::collective(comm, [&] {
@@ -221,7 +226,7 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
     if (comm.rank() != 0) return;
     auto md = merge.get();
     detail::attach_written(md, all_facts);
-    tags_->commit(md);
+    tags_->commit(md, merge.tensor_records());
   });
   detail::collective(comm, [&] {
     if (comm.rank() == 0) tags_->remove(tags_->retention_victims(plan.tag, options_.keep_last_n));

@@ -16,7 +16,7 @@ namespace report_impl {
 
 /// Appends little-endian fields to a string (the layout bounded_reader reads back).
 struct out {
-  std::string s;
+  table_string s;
   template <class T>
   void put(T v) {
     s.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -229,7 +229,7 @@ CKPT_DECL rank_summary summarize(const written_shard* w, const std::vector<std::
   return s;
 }
 
-CKPT_DECL std::string encode_report(const rank_summary& s, bool with_schema) {
+CKPT_DECL table_string encode_report(const rank_summary& s, bool with_schema) {
   report_impl::out o;
   o.s = s.own;
   o.put<std::uint8_t>(with_schema ? 1 : 0);
@@ -241,7 +241,7 @@ CKPT_DECL std::string encode_written(const written_shard* w) {
   report_impl::out o;
   o.put<std::uint8_t>(1);  // the byte-order flag bounded_reader expects
   o.put<std::uint8_t>(w ? 1 : 0);
-  if (!w) return std::move(o.s);
+  if (!w) return std::string(o.s.begin(), o.s.end());
   o.put(w->size);
   o.put(w->index_xxh3);
   o.put<std::uint64_t>(w->index.values.size());
@@ -252,7 +252,7 @@ CKPT_DECL std::string encode_written(const written_shard* w) {
     o.put(v.size);
     o.put(v.xxh3);
   }
-  return std::move(o.s);
+  return std::string(o.s.begin(), o.s.end());
 }
 
 CKPT_DECL void attach_written(metadata& md, const std::vector<std::vector<std::byte>>& written) {
@@ -289,7 +289,7 @@ CKPT_DECL void attach_written(metadata& md, const std::vector<std::vector<std::b
 }
 
 CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration, const ckpt::topology& topo,
-                                 const ckpt::config& cfg, const std::vector<std::vector<std::byte>>& reports,
+                                 const ckpt::config& cfg, std::span<const std::span<const std::byte>> reports,
                                  unsigned threads) {
   using namespace report_impl;
   metadata md;

@@ -86,7 +86,9 @@ void array_of_lines(writer& w, rj::StringBuffer& out, const Records& records, Wr
   w.EndArray();
 }
 
-inline void write(writer& w, rj::StringBuffer& out, const metadata& md) {
+/// The members of metadata.json's "ckpt" object. With `records_at`, the tensors' array is left
+/// out (an empty raw value) and `*records_at` set to where in `out` it belongs.
+inline void write(writer& w, rj::StringBuffer& out, const metadata& md, std::size_t* records_at = nullptr) {
   w.StartObject();
   u32(w, "format_version", md.format_version);
   str(w, "tag", md.tag);
@@ -114,7 +116,12 @@ inline void write(writer& w, rj::StringBuffer& out, const metadata& md) {
   }
   w.EndArray();
   w.Key("tensors");
-  array_of_lines(w, out, md.tensors, write_tensor);
+  if (records_at) {
+    w.RawValue("", 0, rj::kArrayType);  // writes the ": " before the value, then nothing
+    *records_at = out.GetSize();
+  } else {
+    array_of_lines(w, out, md.tensors, write_tensor);
+  }
   w.Key("values");
   array_of_lines(w, out, md.values, write_value);
   w.Key("chunk_map");
@@ -271,6 +278,48 @@ CKPT_DECL std::string encode_metadata(const metadata& md) {
   out += envelope_mid;
   out += text;
   out += envelope_tail;
+  return out;
+}
+
+CKPT_DECL std::string encode_tensor_records(const metadata& md) {
+  // Written at the depth encode_metadata writes them (inside {"ckpt": {...}}), so that the
+  // indentation of their lines and of the closing bracket is the same.
+  rj::StringBuffer doc;
+  metadata_json::writer w(doc);
+  w.SetIndent(' ', 4);
+  w.StartObject();
+  w.Key("ckpt");
+  w.StartObject();
+  w.Key("tensors");
+  const auto before = doc.GetSize() + 2;  // the array's first byte, after ": "
+  metadata_json::array_of_lines(w, doc, md.tensors, metadata_json::write_tensor);
+  return std::string(doc.GetString() + before, doc.GetSize() - before);
+}
+
+CKPT_DECL metadata_text encode_metadata_around(const metadata& md, std::string_view tensor_records) {
+  rj::StringBuffer doc;
+  std::size_t records_at = 0;
+  {
+    metadata_json::writer w(doc);
+    w.SetIndent(' ', 4);
+    w.StartObject();
+    w.Key("ckpt");
+    metadata_json::write(w, doc, md, &records_at);
+    w.EndObject();
+  }
+  const std::string_view text(doc.GetString(), doc.GetSize());
+  const auto before = text.substr(0, records_at), after = text.substr(records_at);
+  xxh3_stream hash;
+  for (const auto part : {before, tensor_records, after}) hash.update(std::as_bytes(std::span(part.data(), part.size())));
+  metadata_text out;
+  out.head.reserve(envelope_head.size() + 16 + envelope_mid.size() + before.size());
+  out.head += envelope_head;
+  out.head += to_hex(hash.digest());
+  out.head += envelope_mid;
+  out.head += before;
+  out.tail.reserve(after.size() + envelope_tail.size());
+  out.tail += after;
+  out.tail += envelope_tail;
   return out;
 }
 
