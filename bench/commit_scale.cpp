@@ -169,10 +169,12 @@ int main(int argc, char** argv) {
     for (int run = 0; run < runs; ++run) {
       const std::string tag = "global_step" + std::to_string(run);
       for (auto& [r, w] : real) write_shard_file(disk, tag, w, tensors);  // what the ranks wrote (not timed)
-      // Rank 0's commit, as tag_store::commit does it: merge and check, then stream the chunk
-      // map and write metadata.json, both durably.
+      // Rank 0's commit, as a save does it: merge and check, and encode the tensors' records of
+      // metadata.json (background_merge's thread), then stream the chunk map and write
+      // metadata.json around the records, both durably (tag_store::commit).
       auto t0 = clock_type::now();
       auto md = ckpt::detail::merge_reports(tag, 1, {ranks, 1, 1, ranks}, {}, reports, threads);
+      const auto records = ckpt::detail::encode_tensor_records(md);
       const double merged = seconds_since(t0);
       auto t1 = clock_type::now();
       {
@@ -181,8 +183,14 @@ int main(int argc, char** argv) {
         w.sync();
         w.publish();
       }
-      const auto text = ckpt::detail::encode_metadata(md);
-      write_synced(disk, tag + "/metadata.json", text);
+      const auto around = ckpt::detail::encode_metadata_around(md, records);
+      {
+        auto w = disk.create(tag + "/metadata.json");
+        for (const std::string_view part : {std::string_view(around.head), std::string_view(records), std::string_view(around.tail)})
+          w.write(std::as_bytes(std::span(part.data(), part.size())));
+        w.sync();
+        w.publish();
+      }
       const double written = seconds_since(t1);
       if (run == 0) {  // the first commit of a job
         first_commit_s = seconds_since(t0);
@@ -194,6 +202,7 @@ int main(int argc, char** argv) {
       }
       map.resize(md.chunk_map.size);  // what rank 0 reads and broadcasts (not timed)
       disk.read(tag + "/chunk_map.bin", 0, std::as_writable_bytes(std::span(map.data(), map.size())));
+      const auto text = around.head + records + around.tail;  // metadata.json as written (not timed)
       md_bytes = text.size();
       map_bytes = map.size();
       // The baseline: the same bytes written and fsynced raw, right after, on the same disk.

@@ -117,10 +117,10 @@ inline metadata merge_reports(const std::string& tag, std::uint64_t iteration, c
 
 /// Rank 0's merge of the reports the ranks made from their shard files' plans, on a thread of
 /// its own while the files are written, so that a save of many tensors does not wait for it
-/// after the last byte; the same thread then encodes the tensors' records of metadata.json
-/// (`tensor_records`), which the files' sizes and values do not change. `get` joins it and
-/// returns the metadata or throws its error; a save that fails first leaves it to the
-/// destructor, which joins it and drops its result.
+/// after the last byte; the same thread then encodes the tensors' records of metadata.json,
+/// which the files' sizes and values do not change. `get` joins it and returns both or throws
+/// its error; a save that fails first leaves it to the destructor, which joins it and drops its
+/// result.
 class background_merge {
  public:
   background_merge() = default;
@@ -133,24 +133,21 @@ class background_merge {
     thread_ = std::jthread([this, tag = std::move(tag), iteration, topo = std::move(topo), cfg = std::move(cfg),
                             reports = std::move(reports)] {
       try {
-        md_ = merge_reports(tag, iteration, topo, cfg, reports);
-        records_ = encode_tensor_records(md_);
+        merged_.md = merge_reports(tag, iteration, topo, cfg, reports);
+        merged_.tensor_records = encode_tensor_records(merged_.md);
       } catch (...) {
         failure_ = std::current_exception();
       }
     });
   }
-  metadata get() {
+  merged_metadata get() {
     if (thread_.joinable()) thread_.join();
     if (failure_) std::rethrow_exception(failure_);
-    return std::move(md_);
+    return std::move(merged_);
   }
-  /// encode_tensor_records of what `get` returned.
-  std::string_view tensor_records() const noexcept { return records_; }
 
  private:
-  metadata md_;
-  std::string records_;
+  merged_metadata merged_;
   std::exception_ptr failure_;
   std::jthread thread_;  // last: joined before the results it writes are destroyed
 };

@@ -118,6 +118,15 @@ struct metadata_text {
 };
 CKPT_DECL metadata_text encode_metadata_around(const metadata& md, std::string_view tensor_records);
 
+/// A tag's metadata as rank 0's merge leaves it for the commit, with its tensors' records
+/// encoded from it (encode_tensor_records). After the merge only the files' sizes and checksums,
+/// the values and the chunk map's place are added (attach_written, write_chunk_map), none of
+/// which the records hold, so the two stay one.
+struct merged_metadata {
+  metadata md;
+  std::string tensor_records;
+};
+
 /// Rejects JSON nested deeper than `max_json_depth` before the recursive parser sees it.
 CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file);
 

@@ -218,9 +218,11 @@ class tag_store {
   }
 
   /// Writes chunk_map.bin, metadata.json (the commit point), then `latest`, for the metadata
-  /// merged from the ranks' reports (merge_reports), its tiling checked. `tensor_records`:
-  /// encode_tensor_records(md), where the caller encoded them ahead; empty, they are encoded here.
-  void commit(metadata& md, std::string_view tensor_records = {}) {
+  /// merged from the ranks' reports (merge_reports), its tiling checked, and completed with
+  /// what the ranks wrote (attach_written). metadata.json is written around the tensors'
+  /// records the merge encoded, not copied into one string with them.
+  void commit(merged_metadata& merged) {
+    auto& md = merged.md;
     {
       auto w = storage_->create(join_key(md.tag, md.chunk_map.path));
       write_chunk_map(md, w, chunk_map_staging_);
@@ -228,11 +230,10 @@ class tag_store {
       w.publish();
     }
     {  // the commit point
-      std::string encoded;
-      if (tensor_records.empty()) tensor_records = encoded = encode_tensor_records(md);
-      const auto around = encode_metadata_around(md, tensor_records);
+      const std::string_view records = merged.tensor_records;
+      const auto around = encode_metadata_around(md, records);
       auto w = storage_->create(metadata_key(md.tag));
-      for (const std::string_view part : {std::string_view(around.head), tensor_records, std::string_view(around.tail)})
+      for (const std::string_view part : {std::string_view(around.head), records, std::string_view(around.tail)})
         w.write(std::as_bytes(std::span(part.data(), part.size())));
       w.sync();
       w.publish();

@@ -212,9 +212,11 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
   std::vector<std::vector<std::byte>> gathered;
   if (comm.size() > 1) gathered = comm.gather(detail::as_bytes(report), 0);
   detail::background_merge merge;  // declared after the reports, which it reads: joined first
-  if (comm.rank() == 0)
-    merge.start(plan.tag, plan.iteration, policy_.topology(), plan.config,
-                comm.size() > 1 ? detail::report_views(gathered) : std::vector{detail::as_bytes(report)});
+  detail::collective(comm, [&] {  // a thread that cannot start fails every rank, not rank 0 alone
+    if (comm.rank() == 0)
+      merge.start(plan.tag, plan.iteration, policy_.topology(), plan.config,
+                  comm.size() > 1 ? detail::report_views(gathered) : std::vector{detail::as_bytes(report)});
+  });
   comm.barrier();
   std::optional<detail::written_shard> written;
   detail::collective(comm, [&] {
@@ -224,9 +226,9 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
   const auto all_facts = comm.gather(detail::as_bytes(facts), 0);
   detail::collective(comm, [&] {
     if (comm.rank() != 0) return;
-    auto md = merge.get();
-    detail::attach_written(md, all_facts);
-    tags_->commit(md, merge.tensor_records());
+    auto merged = merge.get();
+    detail::attach_written(merged.md, all_facts);
+    tags_->commit(merged);
   });
   detail::collective(comm, [&] {
     if (comm.rank() == 0) tags_->remove(tags_->retention_victims(plan.tag, options_.keep_last_n));
