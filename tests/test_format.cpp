@@ -622,15 +622,24 @@ std::string envelope(const std::string& doc) {
 }
 }  // namespace
 
-TEST_CASE("metadata.json written in parts around tensor records encoded ahead is the same file") {
-  // A save encodes the tensors' records while its bytes are written, and the commit writes the
-  // rest around them (tag_store::commit): the file must be what encode_metadata writes.
+namespace {
+/// A tag's metadata with a config entry, one file and one value, and no tensors yet.
+metadata one_file_metadata(std::uint64_t iteration) {
   metadata md;
-  md.tag = "global_step7";
-  md.iteration = 7;
+  md.tag = "global_step" + std::to_string(iteration);
+  md.iteration = iteration;
   md.config.set("lr", "0.1");
   md.files.push_back({"mp_rank_00/model_optim_rng.ckpt", 0, 8192, 0x0123456789abcdefu});
   md.values.push_back({"step", 0, 0, 4096, 9, 42});
+  return md;
+}
+}  // namespace
+
+TEST_CASE("metadata.json written in parts around tensor records encoded ahead is the file as it was") {
+  // A save encodes the tensors' records while its bytes are written, and the commit writes the
+  // rest around them (tag_store::commit). The texts below are what encode_metadata wrote before
+  // the file was written in parts (f655a94): the parts must give them byte for byte.
+  auto md = one_file_metadata(7);
   const auto parts = [](const metadata& m) {
     const auto records = encode_tensor_records(m);
     const auto around = encode_metadata_around(m, records);
@@ -638,7 +647,42 @@ TEST_CASE("metadata.json written in parts around tensor records encoded ahead is
   };
   SUBCASE("no tensors") {
     CHECK(encode_tensor_records(md) == "[]");
-    CHECK(parts(md) == encode_metadata(md));
+    const std::string before = R"({"xxh3_64": "262e7778232a5da5", "metadata": {
+    "ckpt": {
+        "format_version": 2,
+        "tag": "global_step7",
+        "iteration": 7,
+        "topology": {
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+            "world": 1
+        },
+        "config": {
+            "lr": "0.1"
+        },
+        "files": [
+            {
+                "path": "mp_rank_00/model_optim_rng.ckpt",
+                "rank": 0,
+                "size": 8192,
+                "index_xxh3": "0123456789abcdef"
+            }
+        ],
+        "tensors": [],
+        "values": [
+            {"name":"step","rank":0,"file":0,"file_offset":4096,"size":9,"xxh3":"000000000000002a"}
+        ],
+        "chunk_map": {
+            "path": "chunk_map.bin",
+            "size": 0,
+            "xxh3": "0000000000000000"
+        }
+    }
+}}
+)";
+    CHECK(parts(md) == before);
+    CHECK(encode_metadata(md) == before);
   }
   SUBCASE("tensors of both layouts") {
     for (int i = 0; i < 3; ++i) {
@@ -649,8 +693,46 @@ TEST_CASE("metadata.json written in parts around tensor records encoded ahead is
       if (i == 1) t.order = ckpt::layout::column_major;
       md.tensors.push_back(t);
     }
-    const auto whole = encode_metadata(md);
-    CHECK(parts(md) == whole);
+    const std::string before = R"({"xxh3_64": "27353557344dc142", "metadata": {
+    "ckpt": {
+        "format_version": 2,
+        "tag": "global_step7",
+        "iteration": 7,
+        "topology": {
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+            "world": 1
+        },
+        "config": {
+            "lr": "0.1"
+        },
+        "files": [
+            {
+                "path": "mp_rank_00/model_optim_rng.ckpt",
+                "rank": 0,
+                "size": 8192,
+                "index_xxh3": "0123456789abcdef"
+            }
+        ],
+        "tensors": [
+            {"name":"layers.0.w\"quoted\"","dtype":"bf16","shape":[4,5],"chunks":0},
+            {"name":"layers.1.w\"quoted\"","dtype":"bf16","shape":[4,6],"chunks":0,"layout":"column_major"},
+            {"name":"layers.2.w\"quoted\"","dtype":"bf16","shape":[4,7],"chunks":0}
+        ],
+        "values": [
+            {"name":"step","rank":0,"file":0,"file_offset":4096,"size":9,"xxh3":"000000000000002a"}
+        ],
+        "chunk_map": {
+            "path": "chunk_map.bin",
+            "size": 0,
+            "xxh3": "0000000000000000"
+        }
+    }
+}}
+)";
+    CHECK(parts(md) == before);
+    CHECK(encode_metadata(md) == before);
     const auto back = decode_metadata(parts(md), "m.json");  // its checksum covers all three parts
     CHECK(back.tensors.size() == 3);
     CHECK(back.tensors.at(1).order == ckpt::layout::column_major);
@@ -668,18 +750,13 @@ TEST_CASE("metadata.json written in parts around tensor records encoded ahead is
 }
 
 TEST_CASE("metadata.json is read by member name, and a wrong member is corrupt, naming it") {
-  metadata md;
-  md.tag = "global_step3";
-  md.iteration = 3;
-  md.config.set("lr", "0.1");
-  md.files.push_back({"mp_rank_00/model_optim_rng.ckpt", 0, 8192, 0x0123456789abcdefu});
+  auto md = one_file_metadata(3);
   tensor_meta t;
   t.name = "w";
   t.type = ckpt::dtype::bf16;
   t.shape = {4, 5};
   t.order = ckpt::layout::column_major;
   md.tensors.push_back(t);
-  md.values.push_back({"step", 0, 0, 4096, 9, 42});
   const auto text = encode_metadata(md);
   const auto back = decode_metadata(text, "m.json");
   CHECK(encode_metadata(back) == text);

@@ -101,10 +101,11 @@ inline constexpr std::string_view envelope_tail = "}\n";
 inline constexpr std::uint64_t max_metadata_bytes = std::uint64_t{8} << 30;
 inline constexpr int max_json_depth = 32;
 
+/// metadata.json's text in one string: encode_metadata_around's head and tail with the tensors'
+/// records between them.
 CKPT_DECL std::string encode_metadata(const metadata& md);
 
-/// The tensors' records of metadata.json, its `tensors` array exactly as encode_metadata writes
-/// it. They are most of the file (about 90 bytes per tensor) and known once the ranks' reports
+/// The tensors' records of metadata.json, its `tensors` array. They are most of the file (about 90 bytes per tensor) and known once the ranks' reports
 /// are merged, so a save encodes them while its bytes are written (detail::background_merge);
 /// the commit then writes them between the other parts, uncopied (metadata_text).
 CKPT_DECL std::string encode_tensor_records(const metadata& md);
@@ -112,7 +113,7 @@ CKPT_DECL std::string encode_tensor_records(const metadata& md);
 /// metadata.json in three parts, written one after another: `head` (the envelope with the
 /// checksum of the whole document, and the members before the tensors), the tensors' records
 /// (`encode_tensor_records` of the same metadata, held by the caller) and `tail` (the members
-/// after them). head + records + tail is encode_metadata(md), byte for byte.
+/// after them), whose checksum covers all three.
 struct metadata_text {
   std::string head, tail;
 };

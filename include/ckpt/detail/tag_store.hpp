@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <initializer_list>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -229,16 +230,9 @@ class tag_store {
       w.sync();
       w.publish();
     }
-    {  // the commit point
-      const std::string_view records = merged.tensor_records;
-      const auto around = encode_metadata_around(md, records);
-      auto w = storage_->create(metadata_key(md.tag));
-      for (const std::string_view part : {std::string_view(around.head), records, std::string_view(around.tail)})
-        w.write(std::as_bytes(std::span(part.data(), part.size())));
-      w.sync();
-      w.publish();
-    }
-    write_file(std::string(latest_file), encode_latest(md.tag));
+    const auto around = encode_metadata_around(md, merged.tensor_records);
+    write_file(metadata_key(md.tag), {around.head, merged.tensor_records, around.tail});  // the commit point
+    write_file(std::string(latest_file), {encode_latest(md.tag)});
   }
 
   /// What the retention rule deletes, in the order it deletes them: temporary `latest` files
@@ -280,12 +274,13 @@ class tag_store {
   /// Writes ckpt's marker into `tag`: the directory is ckpt's, and committed once metadata.json
   /// exists.
   void mark(const std::string& tag) {
-    write_file(join_key(tag, marker_file), "written by ckpt; this tag is committed once metadata.json exists\n");
+    write_file(join_key(tag, marker_file), {"written by ckpt; this tag is committed once metadata.json exists\n"});
   }
 
-  void write_file(const std::string& key, std::string_view content) {
+  /// Writes `parts`, one after another, as the file `key`, durably.
+  void write_file(const std::string& key, std::initializer_list<std::string_view> parts) {
     auto w = storage_->create(key);
-    w.write(std::as_bytes(std::span(content.data(), content.size())));
+    for (const auto part : parts) w.write(std::as_bytes(std::span(part.data(), part.size())));
     w.sync();
     w.publish();
   }

@@ -86,9 +86,16 @@ void array_of_lines(writer& w, rj::StringBuffer& out, const Records& records, Wr
   w.EndArray();
 }
 
-/// The members of metadata.json's "ckpt" object. With `records_at`, the tensors' array is left
-/// out (an empty raw value) and `*records_at` set to where in `out` it belongs.
-inline void write(writer& w, rj::StringBuffer& out, const metadata& md, std::size_t* records_at = nullptr) {
+/// Opens the document's object and its "ckpt" member, at whose depth every member is written.
+inline void open_document(writer& w) {
+  w.SetIndent(' ', 4);
+  w.StartObject();
+  w.Key("ckpt");
+}
+
+/// The members of metadata.json's "ckpt" object but the tensors' array (encode_tensor_records),
+/// which is left out (an empty raw value); returns where in `out` it belongs.
+inline std::size_t write_around_records(writer& w, rj::StringBuffer& out, const metadata& md) {
   w.StartObject();
   u32(w, "format_version", md.format_version);
   str(w, "tag", md.tag);
@@ -116,12 +123,8 @@ inline void write(writer& w, rj::StringBuffer& out, const metadata& md, std::siz
   }
   w.EndArray();
   w.Key("tensors");
-  if (records_at) {
-    w.RawValue("", 0, rj::kArrayType);  // writes the ": " before the value, then nothing
-    *records_at = out.GetSize();
-  } else {
-    array_of_lines(w, out, md.tensors, write_tensor);
-  }
+  w.RawValue("", 0, rj::kArrayType);  // writes the ": " before the value, then nothing
+  const auto records_at = out.GetSize();
   w.Key("values");
   array_of_lines(w, out, md.values, write_value);
   w.Key("chunk_map");
@@ -131,6 +134,7 @@ inline void write(writer& w, rj::StringBuffer& out, const metadata& md, std::siz
   str(w, "xxh3", to_hex(md.chunk_map.xxh3));
   w.EndObject();
   w.EndObject();
+  return records_at;
 }
 
 /// The fields of one JSON object, each checked for its type; errors name the object ("the
@@ -261,34 +265,17 @@ inline metadata read(const rj::Value& doc) {
 }  // namespace metadata_json
 
 CKPT_DECL std::string encode_metadata(const metadata& md) {
-  rj::StringBuffer doc;
-  {
-    metadata_json::writer w(doc);
-    w.SetIndent(' ', 4);
-    w.StartObject();
-    w.Key("ckpt");
-    metadata_json::write(w, doc, md);
-    w.EndObject();
-  }
-  const std::string_view text(doc.GetString(), doc.GetSize());
-  std::string out;
-  out.reserve(text.size() + 64);
-  out += envelope_head;
-  out += to_hex(xxh3(text));
-  out += envelope_mid;
-  out += text;
-  out += envelope_tail;
-  return out;
+  const auto records = encode_tensor_records(md);
+  const auto around = encode_metadata_around(md, records);
+  return around.head + records + around.tail;
 }
 
 CKPT_DECL std::string encode_tensor_records(const metadata& md) {
-  // Written at the depth encode_metadata writes them (inside {"ckpt": {...}}), so that the
-  // indentation of their lines and of the closing bracket is the same.
+  // Written at the depth of the other members (inside {"ckpt": {...}}), so that the indentation
+  // of their lines and of the closing bracket is the same.
   rj::StringBuffer doc;
   metadata_json::writer w(doc);
-  w.SetIndent(' ', 4);
-  w.StartObject();
-  w.Key("ckpt");
+  metadata_json::open_document(w);
   w.StartObject();
   w.Key("tensors");
   const auto before = doc.GetSize() + 2;  // the array's first byte, after ": "
@@ -301,10 +288,8 @@ CKPT_DECL metadata_text encode_metadata_around(const metadata& md, std::string_v
   std::size_t records_at = 0;
   {
     metadata_json::writer w(doc);
-    w.SetIndent(' ', 4);
-    w.StartObject();
-    w.Key("ckpt");
-    metadata_json::write(w, doc, md, &records_at);
+    metadata_json::open_document(w);
+    records_at = metadata_json::write_around_records(w, doc, md);
     w.EndObject();
   }
   const std::string_view text(doc.GetString(), doc.GetSize());
