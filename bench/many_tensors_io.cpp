@@ -9,13 +9,24 @@
 // embeddings share what is left (about 1/16 of the total each), as an MoE model's few large
 // tensors do.
 //
-//   bench/many_tensors_io [--dir /var/tmp] [--tensors 100000] [--gib 4] [--runs 3] [--pause 3] [--names-only]
+//   bench/many_tensors_io [--dir /var/tmp] [--tensors 100000] [--gib 4] [--runs 3] [--pause 3] [--fio fio]
+//                         [--reads-in-flight 16] [--names-only]
 //
 // Each save of the workload also reports what its metadata adds to the save's critical path: the
 // time before its shard file's first byte (planning: the state visited, every tensor cut into
 // chunks) plus the time after the file is published (the commit), against the whole save. A
 // commit merges the ranks' reports while the file is written, so a save's metadata costs less
 // than the names-only save below, which has no bytes to hide it behind.
+//
+// Each run also reads the same bytes raw, cold from a settled disk, into the same 100,000
+// tensors: the limits of issue 24's point 1 for this workload. With O_DIRECT at queue depth 1
+// through an aligned buffer, copied into the tensors (raw_read_direct); with fio's 16 requests in
+// flight (no copy, no tensors: the disk alone; skipped without fio); and the least a verified
+// load into these tensors must do without ckpt's format: O_DIRECT at ckpt's depth, every byte
+// copied into its tensor (O_DIRECT fills only memory aligned to the disk's 512 bytes, which
+// 64-byte aligned tensors of 8-56 KiB, one after another in the file, mostly are not) and hashed
+// (raw_read_verified). That last one, against ckpt's load of the one tensor, bounds the cold
+// load's many / one on a disk that cannot read into such memory.
 //
 // --names-only times only the save and the (warm) load of the names, one element each, back to
 // back: what ckpt spends per tensor on its own, without the disk (run it on a tmpfs such as
@@ -39,6 +50,7 @@
 #include <new>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -223,6 +235,8 @@ int main(int argc, char** argv) {
   int runs = 3;
   unsigned pause = 3;
   bool names_only = false;
+  std::string fio = "fio";
+  unsigned reads_in_flight = ckpt::posix_options{}.reads_in_flight;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--names-only") {
@@ -240,6 +254,8 @@ int main(int argc, char** argv) {
     else if (a == "--gib") gib = std::stod(v);
     else if (a == "--runs") runs = std::stoi(v);
     else if (a == "--pause") pause = static_cast<unsigned>(std::stoul(v));
+    else if (a == "--fio") fio = v;
+    else if (a == "--reads-in-flight") reads_in_flight = static_cast<unsigned>(std::stoul(v));
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -259,14 +275,33 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(one.bytes()));
   const auto root = dir / ("ckpt-many-tensors-" + std::to_string(::getpid()));
   std::filesystem::create_directories(root);
+  if (!fio.empty() && std::system((fio + " --version >/dev/null 2>&1").c_str()) != 0) {
+    std::fprintf(stderr, "no %s: the deep-queue baseline is skipped (apt-get install fio)\n", fio.c_str());
+    fio.clear();
+  }
+  // The raw files, written once: the raw reads below only read them.
+  const auto raw_file = root / "raw.bin", fio_file = root / "fio.bin";
+  raw_write_direct(many, raw_file);
+  const auto fio_bytes = (many.bytes() + (std::uint64_t{4} << 20) - 1) >> 22 << 22;  // whole 4 MiB blocks
+  if (!fio.empty()) (void)fio_seconds(fio, fio_file, fio_bytes, "write", "4M");
+  const auto cold = [&](const std::filesystem::path& file, auto&& read) {
+    drop_cache(file);
+    ::sync();
+    ::sleep(pause);
+    const auto t0 = clock_type::now();
+    read();
+    return since(t0);
+  };
+  std::vector<double> direct_s, verified_s, fio_s, vs_best, vs_verified, bound;
   struct job {
     const char* name;
     state* s;
     std::vector<double> save, load, metadata;
   } jobs[] = {{"many", &many, {}, {}, {}}, {"one", &one, {}, {}, {}}, {"names", &names, {}, {}, {}}};
   std::vector<double> save_ratio, load_ratio, metadata_share;
-  std::printf("%4s %12s %12s %8s %12s %12s %8s %12s %13s %12s\n", "run", "many_save_s", "one_save_s", "ratio", "many_load_s",
-              "one_load_s", "ratio", "names_save_s", "many_meta_s", "one_meta_s");
+  std::printf("%4s %12s %12s %8s %12s %12s %8s %12s %13s %12s %12s %12s %10s\n", "run", "many_save_s", "one_save_s", "ratio",
+              "many_load_s", "one_load_s", "ratio", "names_save_s", "many_meta_s", "one_meta_s", "raw_direct_s", "raw_verified_s",
+              "fio_read_s");
   for (int r = 0; r <= runs; ++r) {  // run 0 warms up
     double saved[3] = {}, loaded[3] = {}, metadata[3] = {}, before[3] = {}, cached[3] = {};
     for (int k = 0; k < 3; ++k) {
@@ -292,14 +327,38 @@ int main(int argc, char** argv) {
       cached[j] = cached_share(where);
       std::filesystem::remove_all(where);
     }
-    std::printf("%4d %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f %12.3f %13.3f %12.3f\n", r, saved[0], saved[1], saved[0] / saved[1],
-                loaded[0], loaded[1], loaded[0] / loaded[1], saved[2], metadata[0], metadata[1]);
+    // The raw reads of the same bytes into the same tensors, in an order that rotates.
+    double direct = 0, verified = 0, deep = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < 3; ++k) {
+      switch ((r + k) % 3) {
+        case 0: direct = cold(raw_file, [&] { raw_read_direct(many, raw_file); }); break;
+        case 1: verified = cold(raw_file, [&] { raw_read_verified(many, raw_file, reads_in_flight); }); break;
+        default:
+          if (!fio.empty())
+            for (const char* block : {"1M", "4M"}) {
+              drop_cache(fio_file);
+              ::sync();
+              ::sleep(pause);
+              deep = std::min(deep, fio_seconds(fio, fio_file, fio_bytes, "read", block));
+            }
+      }
+    }
+    std::printf("%4d %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f %12.3f %13.3f %12.3f %12.3f %12.3f %10.3f\n", r, saved[0], saved[1],
+                saved[0] / saved[1], loaded[0], loaded[1], loaded[0] / loaded[1], saved[2], metadata[0], metadata[1], direct,
+                verified, fio.empty() ? 0.0 : deep);
     std::fflush(stdout);
     if (r == 0) continue;
     for (int j = 0; j < 3; ++j)
       jobs[j].save.push_back(saved[j]), jobs[j].load.push_back(loaded[j]), jobs[j].metadata.push_back(metadata[j]);
     save_ratio.push_back(saved[0] / saved[1]), load_ratio.push_back(loaded[0] / loaded[1]);
     metadata_share.push_back(metadata[0] / saved[0]);
+    const double best = std::min(direct, deep);  // the round's fastest raw read, queue depth 1 or fio's 16
+    direct_s.push_back(direct), verified_s.push_back(verified), vs_best.push_back(best / loaded[0]);
+    vs_verified.push_back(verified / loaded[0]), bound.push_back(verified / loaded[1]);
+    std::printf("many_tensors_raw_direct_read_s %.6g\nmany_tensors_raw_verified_read_s %.6g\n", direct, verified);
+    if (!fio.empty()) fio_s.push_back(deep), std::printf("many_tensors_fio_read_s %.6g\n", deep);
+    std::printf("many_tensors_load_vs_best_raw %.6g\nmany_tensors_load_vs_verified %.6g\nmany_tensors_verified_vs_one_load %.6g\n",
+                best / loaded[0], verified / loaded[0], verified / loaded[1]);
     std::printf("many_tensors_save_ratio %.6g\nmany_tensors_load_ratio %.6g\n", saved[0] / saved[1], loaded[0] / loaded[1]);
     std::printf("many_tensors_names_share %.6g\nmany_tensors_metadata_share %.6g\n", saved[2] / saved[0], metadata[0] / saved[0]);
     std::printf("many_tensors_metadata_s %.6g\nmany_tensors_one_metadata_s %.6g\n", metadata[0], metadata[1]);
@@ -321,5 +380,12 @@ int main(int argc, char** argv) {
               median(jobs[1].metadata), 100 * median(jobs[2].save) / median(jobs[0].save),
               per_tensor_us(jobs[0].save, jobs[1].save), per_tensor_us(jobs[0].load, jobs[1].load),
               per_tensor_us(jobs[0].metadata, jobs[1].metadata), median(jobs[2].save) / n * 1e6);
+  char deep_read[32] = "skipped";
+  if (!fio_s.empty()) std::snprintf(deep_read, sizeof deep_read, "%.3f s", median(fio_s));
+  std::printf("the same bytes read raw into the many tensors, cold: O_DIRECT at depth 1 with a copy %.3f s, verified (O_DIRECT at "
+              "depth %u, copy, hash) %.3f s, fio's deep read %s; ckpt's cold load of the many / the fastest raw read %.3f, / the "
+              "verified read %.3f; the verified read / ckpt's load of the one tensor %.3f\n",
+              median(direct_s), reads_in_flight, median(verified_s),
+              deep_read, median(vs_best), median(vs_verified), median(bound));
   std::filesystem::remove_all(root);
 }

@@ -46,25 +46,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Runs fio on `file` (`rw`: write, which also fsyncs at the end, or read) with O_DIRECT,
-/// libaio and 16 requests in flight, in blocks of `block`; returns fio's job runtime in seconds.
-double fio_seconds(const std::string& fio, const std::filesystem::path& file, std::uint64_t bytes, const char* rw,
-                   const char* block) {
-  const std::string cmd = fio + " --name=deep --filename=" + file.string() + " --size=" + std::to_string(bytes) +
-                          " --rw=" + rw + " --bs=" + block +
-                          " --direct=1 --ioengine=libaio --iodepth=16 --end_fsync=1 --output-format=json 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) die("cannot run " + cmd);
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  if (::pclose(p) != 0) die(cmd + " failed:\n" + out);
-  const auto at = out.find("\"job_runtime\"");
-  const auto colon = at == std::string::npos ? at : out.find(':', at);
-  if (colon == std::string::npos) die(cmd + " printed no job_runtime:\n" + out);
-  return std::stod(out.substr(colon + 1)) / 1000.0;  // milliseconds
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
