@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <new>
 #include <random>
 #include <string>
@@ -211,6 +212,25 @@ inline double raw_write(const state& s, const std::filesystem::path& file) {
   return in_write;
 }
 
+/// `depth` buffers of `piece` bytes, 2 MiB aligned, in huge pages and touched once: the same
+/// ones at every call with these sizes, so that the raw baselines below pay for no fresh memory
+/// inside their timing (on this VM a fresh page costs tens of microseconds; ckpt's readers and
+/// writers keep theirs in huge pages too).
+inline std::vector<std::byte*> kept_buffers(std::size_t piece, unsigned depth) {
+  static std::mutex m;
+  static std::vector<std::pair<std::size_t, ckpt::detail::huge_page_buffer>> kept;  // per piece size
+  const std::lock_guard lock(m);
+  std::vector<std::byte*> out;
+  for (auto& [size, b] : kept)
+    if (size == piece && out.size() < depth) out.push_back(b.get());
+  while (out.size() < depth) {
+    auto& [size, b] = kept.emplace_back(piece, ckpt::detail::huge_page_memory(piece, piece));
+    std::memset(b.get(), 0, piece);  // touched now, not inside a timed call
+    out.push_back(b.get());
+  }
+  return out;
+}
+
 /// The same file written with O_DIRECT, the way posix_options::direct_writes does it, without
 /// the checkpoint around it: the tensors copied one after another into an 8 MiB buffer aligned
 /// to 4 KiB, each full buffer written with O_DIRECT, the last partial 4 KiB through the page
@@ -219,7 +239,7 @@ inline void raw_write_direct(const state& s, const std::filesystem::path& file) 
   constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
   if (fd < 0) die("open with O_DIRECT " + file.string());
-  auto* buf = static_cast<std::byte*>(::operator new(buffer, std::align_val_t{block}));
+  auto* buf = kept_buffers(buffer, 1).front();  // 2 MiB aligned
   std::size_t filled = 0;
   auto put = [&](const std::byte* p, std::size_t n) {
     std::size_t done = 0;
@@ -244,7 +264,6 @@ inline void raw_write_direct(const state& s, const std::filesystem::path& file) 
   put(buf + whole, filled - whole);
   if (::fsync(fd) != 0) die("fsync " + file.string());
   ::close(fd);
-  ::operator delete(buf, std::align_val_t{block});
 }
 
 /// The state's tensors one after another, as raw_write_direct writes them, moved in pieces by
@@ -268,19 +287,21 @@ class in_pieces {
     }
   }
 
-  /// Cuts the file into pieces of `piece` bytes for `depth` threads, each with a 4 KiB-aligned
+  /// Cuts the file into pieces of `piece` bytes for `depth` threads, each with a 2 MiB-aligned
   /// buffer of that size, and calls `work(from, to, buffer, hash)` for each piece [from, to);
   /// `hash(n)` hashes the buffer's first n bytes with XXH3 in 256 KiB parts, as ckpt checksums
-  /// chunks.
+  /// chunks. The buffers are kept_buffers: a baseline that paid for 64 MB of fresh pages at
+  /// every call would be no limit.
   template <class Work>
   void run(std::size_t piece, unsigned depth, Work&& work) const {
     const std::size_t pieces = (total_ + piece - 1) / piece;
     std::atomic<std::size_t> next{0};
     std::atomic<std::uint64_t> sink{0};
     std::vector<std::thread> pool;
+    const auto buffers = kept_buffers(piece, depth);
     for (unsigned w = 0; w < depth; ++w)
-      pool.emplace_back([&] {
-        auto* buf = static_cast<std::byte*>(::operator new(piece, std::align_val_t{4096}));
+      pool.emplace_back([&, w] {
+        auto* buf = buffers[w];
         std::uint64_t h = 0;
         const auto hash = [&](std::uint64_t n) {
           constexpr std::uint64_t part = std::uint64_t{256} << 10;
@@ -289,7 +310,6 @@ class in_pieces {
         };
         for (std::size_t k; (k = next++) < pieces;) work(k * piece, std::min<std::uint64_t>((k + 1) * piece, total_), buf, hash);
         sink += h;
-        ::operator delete(buf, std::align_val_t{4096});
       });
     for (auto& p : pool) p.join();
     if (sink == 42) std::printf(" ");  // keeps the hashes
@@ -331,10 +351,10 @@ inline void raw_write_verified(const state& s, const std::filesystem::path& file
 /// The file read back with O_DIRECT in 8 MiB pieces into an aligned buffer, copied into the
 /// state's buffers: the limit for a load that bypasses the page cache.
 inline void raw_read_direct(state& s, const std::filesystem::path& file) {
-  constexpr std::size_t block = 4096, buffer = std::size_t{8} << 20;
+  constexpr std::size_t buffer = std::size_t{8} << 20;
   const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) die("open with O_DIRECT " + file.string());
-  auto* buf = static_cast<std::byte*>(::operator new(buffer, std::align_val_t{block}));
+  auto* buf = kept_buffers(buffer, 1).front();  // 2 MiB aligned
   std::size_t have = 0, used = 0;
   for (auto& t : s.tensors) {
     for (std::size_t at = 0; at < t.size();) {
@@ -350,7 +370,6 @@ inline void raw_read_direct(state& s, const std::filesystem::path& file) {
     }
   }
   ::close(fd);
-  ::operator delete(buf, std::align_val_t{block});
 }
 
 /// The least a verified load into the state's buffers must do, without ckpt's format: the file
