@@ -568,7 +568,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "100,000 empty footer entries (19 MB of fresh memory) only to swap in the one the prefetch had filled. Now it "
       "makes none for a file the prefetch read, and the wait was 44-53 ms (the same timed build with and without, "
       "one invocation each, three loads of the many tensors each). Tried and dropped: the JSON's DOM in a pool of "
-      "huge pages (parsed in 20-50 ms against 23-51: no change).")
+      "huge pages (parsed in 20-50 ms against 23-51: no change); and the records' memory faulted in on the second "
+      "core while the first parses the JSON (`MADV_POPULATE_WRITE` on a thread, the count taken from the text): "
+      "filling the records then took 10-14 ms against 13-107 ms, but faulting in their 56 MB took longer than the "
+      "parse, which now waited for it (47-156 ms against 23-68), so the tag took as long to open (0.07-0.20 s either "
+      "way, two invocations of each alternating, six loads of 100,000 names or tensors each). On this VM fresh "
+      "memory comes at about half a GB/s whichever core asks for it: what would help is a smaller record.")
     w("- **A many-tensor save's metadata, off the critical path** (2026-12-06, evening, issue 24 point 3). Timers in "
       "a throwaway copy of `write_and_commit` (`many_tensors_io --runs 2 --dir /var/tmp`, 100,000 tensors): between "
       "the shard file's plan and its creation, the report took 62-191 ms: the 8 MB schema serialised into strings "
