@@ -488,7 +488,7 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         last_target = target_text or last_target
         ok = value >= target if higher else value <= target
         if last in describing:
-            verdict = "yes" if ok else "(no)"
+            verdict = "(yes)" if ok else "(no)"
         else:
             verdict = "yes" if ok else "**no**"
             if not ok:
