@@ -93,9 +93,7 @@ int main(int argc, char** argv) {
   auto t0 = clock_type::now();
   save(s, path);
   std::printf("hdf5_save_s %.6f\n", since(t0));
-  drop_cache(path);
-  ::sync();
-  ::sleep(3);
+  settle_cold(path, 3);
   t0 = clock_type::now();
   load(back, path);
   std::printf("hdf5_load_cold_s %.6f\n", since(t0));

@@ -275,23 +275,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(one.bytes()));
   const auto root = dir / ("ckpt-many-tensors-" + std::to_string(::getpid()));
   std::filesystem::create_directories(root);
-  if (!fio.empty() && std::system((fio + " --version >/dev/null 2>&1").c_str()) != 0) {
-    std::fprintf(stderr, "no %s: the deep-queue baseline is skipped (apt-get install fio)\n", fio.c_str());
-    fio.clear();
-  }
+  fio = usable_fio(fio);
   // The raw files, written once: the raw reads below only read them.
   const auto raw_file = root / "raw.bin", fio_file = root / "fio.bin";
   raw_write_direct(many, raw_file);
   const auto fio_bytes = (many.bytes() + (std::uint64_t{4} << 20) - 1) >> 22 << 22;  // whole 4 MiB blocks
   if (!fio.empty()) (void)fio_seconds(fio, fio_file, fio_bytes, "write", "4M");
-  const auto cold = [&](const std::filesystem::path& file, auto&& read) {
-    drop_cache(file);
-    ::sync();
-    ::sleep(pause);
-    const auto t0 = clock_type::now();
-    read();
-    return since(t0);
-  };
   std::vector<double> direct_s, verified_s, fio_s, vs_best, vs_verified, bound;
   struct job {
     const char* name;
@@ -312,18 +301,14 @@ int main(int argc, char** argv) {
       ckpt::checkpointer<ckpt::single_process, stamped_posix> cp{{}, disk};
       ::sync();
       ::sleep(pause);
-      auto t0 = clock_type::now();
+      const auto t0 = clock_type::now();
       cp.save(1, *jobs[j].s);
       saved[j] = since(t0);
       const auto& at = disk.last();
       before[j] = std::chrono::duration<double>(at.created - t0).count();
       metadata[j] = before[j] + saved[j] - std::chrono::duration<double>(at.published - t0).count();
-      drop_cache(where);
-      ::sync();
-      ::sleep(pause);
-      t0 = clock_type::now();
-      cp.load(*jobs[j].s);  // into the same buffers: every chunk is still read and verified
-      loaded[j] = since(t0);
+      // Into the same buffers: every chunk is still read and verified.
+      loaded[j] = timed_cold(where, pause, [&] { cp.load(*jobs[j].s); });
       cached[j] = cached_share(where);
       std::filesystem::remove_all(where);
     }
@@ -331,16 +316,10 @@ int main(int argc, char** argv) {
     double direct = 0, verified = 0, deep = std::numeric_limits<double>::infinity();
     for (int k = 0; k < 3; ++k) {
       switch ((r + k) % 3) {
-        case 0: direct = cold(raw_file, [&] { raw_read_direct(many, raw_file); }); break;
-        case 1: verified = cold(raw_file, [&] { raw_read_verified(many, raw_file, reads_in_flight); }); break;
+        case 0: direct = timed_cold(raw_file, pause, [&] { raw_read_direct(many, raw_file); }); break;
+        case 1: verified = timed_cold(raw_file, pause, [&] { raw_read_verified(many, raw_file, reads_in_flight); }); break;
         default:
-          if (!fio.empty())
-            for (const char* block : {"1M", "4M"}) {
-              drop_cache(fio_file);
-              ::sync();
-              ::sleep(pause);
-              deep = std::min(deep, fio_seconds(fio, fio_file, fio_bytes, "read", block));
-            }
+          if (!fio.empty()) deep = fastest_fio_read(fio, fio_file, fio_bytes, pause);
       }
     }
     std::printf("%4d %12.3f %12.3f %8.3f %12.3f %12.3f %8.3f %12.3f %13.3f %12.3f %12.3f %12.3f %10.3f\n", r, saved[0], saved[1],

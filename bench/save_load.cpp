@@ -237,9 +237,7 @@ void once(const std::string& workload, double gib, const std::filesystem::path& 
   auto t0 = clock_type::now();
   cp.save(1, s);
   print("save_s", since(t0));
-  drop_cache(dir / "ckpt_once");
-  ::sync();
-  ::sleep(3);  // as torch_peer.py does: the disk slows down for seconds after a burst of writes
+  settle_cold(dir / "ckpt_once", 3);  // as torch_peer.py does: the disk slows down for seconds after a burst of writes
   t0 = clock_type::now();
   cp.load(back);
   print("load_cold_s", since(t0));

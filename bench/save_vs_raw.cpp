@@ -86,10 +86,7 @@ int main(int argc, char** argv) {
   ckpt::checkpointer<ckpt::single_process, ckpt::posix> cp_paged{
       {}, ckpt::posix(root / "ckpt_paged", {.reads_in_flight = reads_in_flight, .writes_in_flight = writes_in_flight}), {.chunk_bytes = chunk_mib << 20, .threads = threads}};
   const auto raw_file = root / "raw.bin", direct_file = root / "raw_direct.bin", verified_file = root / "raw_verified.bin";
-  if (!fio.empty() && std::system((fio + " --version >/dev/null 2>&1").c_str()) != 0) {
-    std::fprintf(stderr, "no %s: the deep-queue baselines are skipped (apt-get install fio)\n", fio.c_str());
-    fio.clear();
-  }
+  fio = usable_fio(fio);
   const auto fio_file = root / "fio.bin";
   std::vector<double> raw_s, save_s, ratio, read_ratio, direct_ratio, direct_read_ratio, best_ratio, best_read_ratio;
   std::printf("%6s %8s %10s %9s %8s %8s %8s %11s %13s %10s %11s %8s %10s %10s %10s %8s %10s %8s\n", "round", "raw_s", "in_write_s",
@@ -125,12 +122,7 @@ int main(int argc, char** argv) {
         settle();
         fio_write = std::min(fio_write, fio_seconds(fio, fio_file, bytes, "write", block));
       }
-      for (const char* block : {"1M", "4M"}) {
-        drop_cache(fio_file);
-        ::sync();
-        ::sleep(pause);
-        fio_read = std::min(fio_read, fio_seconds(fio, fio_file, bytes, "read", block));
-      }
+      fio_read = fastest_fio_read(fio, fio_file, bytes, pause);
     }
     // Three writers, in an order that rotates from round to round: raw write(2) + fsync,
     // raw O_DIRECT + fsync (what posix_options::direct_writes does, without the checkpoint),
@@ -155,12 +147,7 @@ int main(int argc, char** argv) {
       cp_paged.save(static_cast<std::uint64_t>(r + 1), paged);
     double read = 0, direct_read = 0, loaded = 0, verified = 0, loaded_paged = 0;
     auto cold = [&](double& seconds, const std::filesystem::path& what, auto&& read_it) {
-      drop_cache(what);
-      ::sync();
-      ::sleep(pause);
-      const auto t0 = clock_type::now();
-      read_it();
-      seconds = since(t0);
+      seconds = timed_cold(what, pause, read_it);
     };
     // Besides the three: the least work a verified load into the same tensors must do without
     // ckpt's format (O_DIRECT at ckpt's depth, a copy and a hash of every byte), and ckpt's load

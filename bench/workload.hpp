@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <random>
@@ -428,6 +429,46 @@ inline double fio_seconds(const std::string& fio, const std::filesystem::path& f
   const auto colon = at == std::string::npos ? at : out.find(':', at);
   if (colon == std::string::npos) die(cmd + " printed no job_runtime:\n" + out);
   return std::stod(out.substr(colon + 1)) / 1000.0;  // milliseconds
+}
+
+/// `fio` if it runs here; otherwise "" after saying on stderr that the deep-queue baselines are
+/// skipped.
+inline std::string usable_fio(std::string fio) {
+  if (!fio.empty() && std::system((fio + " --version >/dev/null 2>&1").c_str()) != 0) {
+    std::fprintf(stderr, "no %s: the deep-queue baselines are skipped (apt-get install fio)\n", fio.c_str());
+    fio.clear();
+  }
+  return fio;
+}
+
+/// Drops `p`'s pages (every file under it) from the page cache, then lets the disk settle for
+/// `pause` seconds: it runs slower for seconds after a burst of writes, so every cold read here
+/// starts from the same quiet disk.
+inline void settle_cold(const std::filesystem::path& p, unsigned pause) {
+  drop_cache(p);
+  ::sync();
+  ::sleep(pause);
+}
+
+/// The seconds `read()` takes, started cold (settle_cold on `p`).
+template <class Read>
+double timed_cold(const std::filesystem::path& p, unsigned pause, Read&& read) {
+  settle_cold(p, pause);
+  const auto t0 = clock_type::now();
+  read();
+  return since(t0);
+}
+
+/// fio's cold reads of `file` (`bytes` of it) with 1 MiB and with 4 MiB requests, 16 in flight,
+/// each from a settled disk: the faster, in seconds.
+inline double fastest_fio_read(const std::string& fio, const std::filesystem::path& file, std::uint64_t bytes,
+                               unsigned pause) {
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const char* block : {"1M", "4M"}) {
+    settle_cold(file, pause);
+    fastest = std::min(fastest, fio_seconds(fio, file, bytes, "read", block));
+  }
+  return fastest;
 }
 
 }  // namespace bench
