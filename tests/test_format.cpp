@@ -778,6 +778,103 @@ TEST_CASE("metadata.json is read by member name, and a wrong member is corrupt, 
   corrupt_with(envelope("{\"ckpt\": 1}"), "\"ckpt\" is not a JSON object");
 }
 
+TEST_CASE("the tensors' records, read as the parser meets them, are checked as the DOM checked them") {
+  // decode_metadata reads the "tensors" array of the "ckpt" object without building its DOM
+  // (metadata_json::tensor_records); what it accepts and how it words what it refuses are the
+  // DOM's, record by record.
+  auto md = one_file_metadata(3);
+  for (const char* name : {"w", "u"}) {
+    tensor_meta t;
+    t.name = name;
+    t.type = ckpt::dtype::bf16;
+    t.shape = {4, 5};
+    md.tensors.push_back(t);
+  }
+  const auto text = encode_metadata(md);
+  const auto back = decode_metadata(text, "m.json");
+  REQUIRE(back.tensors.size() == 2);
+  CHECK(back.tensors[1].name == "u");
+  CHECK(encode_metadata(back) == text);
+
+  const std::string doc(text.substr(envelope_head.size() + 16 + envelope_mid.size(),
+                                    text.size() - envelope_head.size() - 16 - envelope_mid.size() - envelope_tail.size()));
+  const std::string w = R"({"name":"w","dtype":"bf16","shape":[4,5],"chunks":0})";
+  const std::string u = R"({"name":"u","dtype":"bf16","shape":[4,5],"chunks":0})";
+  REQUIRE(doc.find(w) != std::string::npos);
+  REQUIRE(doc.find(u) != std::string::npos);
+  const auto replaced = [&](std::string d, const std::string& from, const std::string& to) {
+    const auto at = d.find(from);
+    REQUIRE(at != std::string::npos);
+    return d.replace(at, from.size(), to);
+  };
+  // `record` in place of the first record (w), or `first` and `second` in place of both.
+  const auto with = [&](const std::string& record) { return envelope(replaced(doc, w, record)); };
+  const auto with_two = [&](const std::string& first, const std::string& second) {
+    return envelope(replaced(replaced(doc, w, first), u, second));
+  };
+  const auto corrupt_with = [&](const std::string& bad, const std::string& words) {
+    CAPTURE(words);
+    const auto e = test::catch_error([&] { (void)decode_metadata(bad, "m.json"); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what == "m.json: " + words);
+  };
+
+  // Accepted: the first of two members of one name, members ckpt does not know (whatever they
+  // hold), "-0" (an integer that is not negative), and a "tensors" member of another object.
+  auto m = decode_metadata(with(R"({"name":"w","name":"v","x":{"name":"y","shape":[[1]]},"dtype":"bf16",)"
+                                R"("shape":[4,-0],"chunks":7,"chunks":"8"})"),
+                           "m.json");
+  CHECK(m.tensors.at(0).name == "w");
+  CHECK(m.tensors.at(0).shape == ckpt::shape_t{4, 0});
+  CHECK(m.tensors.at(0).chunk_count == 7);
+  m = decode_metadata(envelope(replaced(doc, "\"world\": 1", "\"world\": 1, \"tensors\": [{\"name\": 3}]")), "m.json");
+  CHECK(m.tensors.size() == 2);
+  m = decode_metadata(envelope(replaced(doc, "\"values\": [", "\"tensors\": [7], \"values\": [")), "m.json");
+  CHECK(m.tensors.size() == 2);  // find_member takes the first "tensors"
+  CHECK(decode_metadata(with(R"({"chunks":0,"shape":[],"dtype":"f32","name":"s"})"), "m.json").tensors.at(0).shape.empty());
+
+  // Refused, in the DOM's words.
+  corrupt_with(with("7"), "tensor #0 is not a JSON object");
+  corrupt_with(with("[{}]"), "tensor #0 is not a JSON object");
+  corrupt_with(with(R"({"dtype":"bf16","shape":[4,5],"chunks":0})"), "tensor #0 has no \"name\"");
+  corrupt_with(with(R"({"name":["w"],"dtype":"bf16","shape":[4,5],"chunks":0})"), "tensor #0 has a \"name\" that is not a string");
+  corrupt_with(with(R"({"name":"w","dtype":{},"shape":[4,5],"chunks":0})"), "tensor #0 ('w') has a \"dtype\" that is not a string");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":4,"chunks":0})"), "tensor #0 ('w') has a \"shape\" that is not an array");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","chunks":0})"), "tensor #0 ('w') has no \"shape\"");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,-5],"chunks":0})"),
+               "tensor #0 ('w') has a shape entry that is not an unsigned 64-bit integer");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,[5]],"chunks":0})"),
+               "tensor #0 ('w') has a shape entry that is not an unsigned 64-bit integer");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,5.0],"chunks":0})"),
+               "tensor #0 ('w') has a shape entry that is not an unsigned 64-bit integer");
+  std::string wide = "[1";
+  for (int d = 1; d < 65; ++d) wide += ",1";
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":)" + wide + R"(],"chunks":0})"), "tensor #0 ('w') has 65 dimensions");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,5],"chunks":1.5})"),
+               "tensor #0 ('w') has a \"chunks\" that is not an unsigned 64-bit integer");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,5],"chunks":-1})"),
+               "tensor #0 ('w') has a \"chunks\" that is not an unsigned 64-bit integer");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,5],"chunks":18446744073709551616})"),
+               "tensor #0 ('w') has a \"chunks\" that is not an unsigned 64-bit integer");
+  corrupt_with(with(R"({"name":"w","dtype":"bf16","shape":[4,5],"chunks":0,"layout":3})"),
+               "unknown layout '' of tensor 'w' (expected \"row_major\" or \"column_major\")");
+  corrupt_with(with(R"({"name":"w\u0001","dtype":"b16","shape":[4,5],"chunks":0})"), "unknown dtype 'b16' of tensor 'w\\x01'");
+  // The first record found wrong is the one reported; the document's own faults come first:
+  // a text that is not JSON, then the members checked before the tensors.
+  corrupt_with(with_two(R"({"name":"w","dtype":"b16","shape":[4,5],"chunks":0})", "{}"), "unknown dtype 'b16' of tensor 'w'");
+  corrupt_with(with_two(w, R"({"name":"u","dtype":"bf16","shape":[4,5]})"), "tensor #1 ('u') has no \"chunks\"");
+  const auto bad_record = replaced(doc, w, "{}");
+  corrupt_with(envelope(replaced(bad_record, "\"values\": [", "\"values\": [,")),
+               "malformed JSON: invalid value at byte " + std::to_string(replaced(bad_record, "\"values\": [", "\"values\": [,").find("[,") + 1) +
+                   " of the document");
+  corrupt_with(envelope(replaced(bad_record, "\"iteration\": 3", "\"iteration\": \"3\"")),
+               "\"ckpt\" has a \"iteration\" that is not an unsigned 64-bit integer");
+  corrupt_with(envelope(replaced(doc, "\"tensors\": [", "\"tensor\": [")), "\"ckpt\" has no \"tensors\"");
+  corrupt_with(envelope(replaced(doc, "\"tensors\": [", "\"tensors\": 1, \"t\": [")), "\"ckpt\" has a \"tensors\" that is not an array");
+}
+
 TEST_CASE("the checksum is XXH3-64 exactly, whichever vector unit computes it") {
   // detail::xxh3 may run libxxhash's AVX2/AVX-512 dispatch (hash.hpp); the format defines the
   // checksum as XXH3-64, which the library's baseline XXH3_64bits computes by definition.

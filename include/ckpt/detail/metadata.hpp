@@ -128,8 +128,9 @@ struct merged_metadata {
   std::string tensor_records;
 };
 
-/// Rejects JSON nested deeper than `max_json_depth` before the recursive parser sees it.
-CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file);
+/// Rejects JSON nested deeper than `max_json_depth` before the recursive parser sees it, and
+/// numbers longer than any ckpt writes. Returns how many objects the document holds.
+CKPT_DECL std::size_t check_json_depth(std::string_view doc, const std::string& file);
 
 /// Checks a metadata envelope, then parses and validates the document. `file` names it in errors.
 CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& file);

@@ -184,7 +184,241 @@ struct fields {
   }
 };
 
-inline metadata read(const rj::Value& doc) {
+/// The tensors' records of metadata.json, read as the parser meets them rather than from a DOM.
+/// They are nearly all of the document (100,000 records in 9 MB for a model of many experts),
+/// and their DOM was 21 MB of fresh memory, built only to be copied into the records once
+/// (docs/performance.md, "What the investigations found"). Everything else goes to the DOM as
+/// before: the events of the "tensors" array of the first "ckpt" object are taken here, and the
+/// DOM gets that array empty, so that `read` still finds it there, an array. Other values in its
+/// place ("tensors": 5, or no "tensors" at all) go to the DOM untouched, and `read` rejects them as
+/// before.
+///
+/// Each record is checked as `fields` checks an object of the DOM, member by member in the same
+/// order and with the same words: the first of two members of one name counts, others are
+/// ignored. The first record found wrong is kept as `failure` and the parse goes on, so that a
+/// document that is not JSON at all is still reported as such, and `read` reports the record
+/// where it reported it before, after the members it checks first.
+class tensor_records {
+ public:
+  tensor_records(rj::Document& dom, table_vector<tensor_meta>& out) : dom_(dom), out_(out) {}
+
+  std::optional<std::string> failure;  // the first record's error, as `fields` would word it
+
+  bool Null() { return scalar([&] { return dom_.Null(); }, kind::other); }
+  bool Bool(bool b) { return scalar([&] { return dom_.Bool(b); }, kind::other); }
+  // A DOM's IsUint64 holds for any integer that is not negative ("-0" too, which comes as Int).
+  bool Int(int i) {
+    if (in_records_ && i >= 0) return Uint64(static_cast<std::uint64_t>(i));
+    return scalar([&] { return dom_.Int(i); }, kind::other);
+  }
+  bool Uint(unsigned u) { return scalar([&] { return dom_.Uint(u); }, kind::number, u); }
+  bool Int64(std::int64_t i) {
+    if (in_records_ && i >= 0) return Uint64(static_cast<std::uint64_t>(i));
+    return scalar([&] { return dom_.Int64(i); }, kind::other);
+  }
+  bool Uint64(std::uint64_t u) { return scalar([&] { return dom_.Uint64(u); }, kind::number, u); }
+  bool Double(double d) { return scalar([&] { return dom_.Double(d); }, kind::other); }
+  bool RawNumber(const char* str, rj::SizeType n, bool copy) {
+    return scalar([&] { return dom_.RawNumber(str, n, copy); }, kind::other);
+  }
+  bool String(const char* str, rj::SizeType n, bool copy) {
+    return scalar([&] { return dom_.String(str, n, copy); }, kind::string, 0, {str, n});
+  }
+  bool Key(const char* str, rj::SizeType n, bool copy) {
+    const std::string_view key(str, n);
+    if (!in_records_) {
+      if (depth_ == 1 && key == "ckpt" && !ckpt_claimed_) ckpt_claimed_ = next_is_ckpt_ = true;
+      if (depth_ == 2 && in_ckpt_ && key == "tensors" && !tensors_claimed_) tensors_claimed_ = next_is_tensors_ = true;
+      return dom_.Key(str, n, copy);
+    }
+    if (skip_ == 0 && level_ == 1) member_ = claim(key);  // a record's member
+    return true;
+  }
+  bool StartObject() {
+    if (!in_records_) {
+      if (depth_ == 1) in_ckpt_ = next_is_ckpt_;  // the root's member; deeper objects leave it as it is
+      next_is_ckpt_ = next_is_tensors_ = false;
+      ++depth_;
+      return dom_.StartObject();
+    }
+    if (skip_ > 0) return ++skip_, true;
+    if (level_ == 0) {  // a record
+      begin_record();
+      level_ = 1;
+      return true;
+    }
+    value(kind::other);  // an object where a member's value or a shape entry should be: skip it whole
+    skip_ = 1;
+    return true;
+  }
+  bool EndObject(rj::SizeType members) {
+    if (!in_records_) {
+      --depth_;
+      if (depth_ == 1) in_ckpt_ = false;
+      return dom_.EndObject(members);
+    }
+    if (skip_ > 0) return --skip_, true;
+    end_record();  // level_ is 1: the parser pairs brackets
+    level_ = 0;
+    return true;
+  }
+  bool StartArray() {
+    if (!in_records_) {
+      if (next_is_tensors_ && depth_ == 2 && in_ckpt_) in_records_ = true;  // the records: the DOM gets the array empty
+      next_is_ckpt_ = next_is_tensors_ = false;
+      ++depth_;
+      return dom_.StartArray();
+    }
+    if (skip_ > 0) return ++skip_, true;
+    if (level_ == 1 && member_ == member::shape) {
+      level_ = 2;
+      have_[static_cast<int>(member::shape)] = kind::array;
+      shape_.clear();
+      shape_entries_ = 0;
+      bad_entry_ = false;
+      return true;
+    }
+    value(kind::other);
+    skip_ = 1;
+    return true;
+  }
+  bool EndArray(rj::SizeType elements) {
+    if (!in_records_) {
+      --depth_;
+      return dom_.EndArray(elements);
+    }
+    if (skip_ > 0) return --skip_, true;
+    if (level_ == 2) {  // a shape's end
+      level_ = 1;
+      member_ = member::none;
+      return true;
+    }
+    in_records_ = false;  // the records' end
+    --depth_;
+    return dom_.EndArray(0);
+  }
+
+ private:
+  enum class member : int { name, dtype, shape, chunks, layout, count, none = count };
+  enum class kind : std::uint8_t { absent, string, number, array, other };
+
+  /// A scalar: to the DOM outside the records; inside them, a member's value or a shape's entry.
+  template <class ToDom>
+  bool scalar(ToDom to_dom, kind k, std::uint64_t number = 0, std::string_view text = {}) {
+    if (!in_records_) {
+      next_is_ckpt_ = next_is_tensors_ = false;
+      return to_dom();
+    }
+    if (skip_ > 0) return true;
+    if (level_ == 2) {  // a shape entry
+      if (k != kind::number) bad_entry_ = true;
+      else if (shape_entries_ < max_dims) shape_.push_back(number);
+      ++shape_entries_;
+      return true;
+    }
+    if (level_ == 0) return value(kind::other), true;  // a record that is not an object
+    if (member_ == member::none) return true;
+    auto& t = out_.back();
+    if (k == kind::string && member_ == member::name) t.name.assign(text);
+    if (k == kind::string && member_ == member::dtype) dtype_.assign(text);
+    if (k == kind::string && member_ == member::layout) layout_.assign(text);
+    if (k == kind::number && member_ == member::chunks) t.chunk_count = number;
+    have_[static_cast<int>(member_)] = k;
+    member_ = member::none;
+    return true;
+  }
+  /// A value that is not a scalar (its brackets are skipped by the caller).
+  void value(kind k) {
+    if (level_ == 0) {  // a record that is not an object
+      fail_record(index_++, nullptr, "is not a JSON object");
+      return;
+    }
+    if (level_ == 2) {
+      bad_entry_ = true;
+      ++shape_entries_;
+      return;
+    }
+    if (member_ != member::none) have_[static_cast<int>(member_)] = k;
+    member_ = member::none;
+  }
+  member claim(std::string_view key) {
+    static constexpr std::array<std::string_view, 5> names{"name", "dtype", "shape", "chunks", "layout"};
+    for (int m = 0; m < 5; ++m)
+      if (key == names[static_cast<std::size_t>(m)]) {
+        if (seen_[static_cast<std::size_t>(m)]) return member::none;  // find_member takes the first
+        seen_[static_cast<std::size_t>(m)] = true;
+        return static_cast<member>(m);
+      }
+    return member::none;
+  }
+  void begin_record() {
+    out_.emplace_back();
+    seen_.fill(false);
+    have_.fill(kind::absent);
+    member_ = member::none;
+  }
+  /// Checks a record as metadata_json::read checked one from the DOM, in the same order.
+  void end_record() {
+    const auto i = index_++;
+    auto& t = out_.back();
+    const auto has = [&](member m) { return have_[static_cast<int>(m)]; };
+    const auto check = [&](member m, std::string_view key, kind want, const std::string* name, std::string_view type) {
+      if (has(m) == kind::absent) return fail_record(i, name, "has no \"" + std::string(key) + "\""), false;
+      if (has(m) != want) return fail_record(i, name, "has a \"" + std::string(key) + "\" that is not " + std::string(type)), false;
+      return true;
+    };
+    if (!check(member::name, "name", kind::string, nullptr, "a string")) return;
+    if (!check(member::dtype, "dtype", kind::string, &t.name, "a string")) return;
+    const auto dt = dtype_from_string(dtype_);
+    if (!dt) return fail_text("unknown dtype " + printable(dtype_) + " of tensor " + printable(t.name));
+    t.type = *dt;
+    if (!check(member::shape, "shape", kind::array, &t.name, "an array")) return;
+    if (shape_entries_ > max_dims) return fail_record(i, &t.name, "has " + std::to_string(shape_entries_) + " dimensions");
+    if (bad_entry_) return fail_record(i, &t.name, "has a shape entry that is not an unsigned 64-bit integer");
+    t.shape.assign(shape_.begin(), shape_.end());
+    if (!check(member::chunks, "chunks", kind::number, &t.name, "an unsigned 64-bit integer")) return;
+    t.order = layout::row_major;
+    if (has(member::layout) != kind::absent) {
+      const std::string_view l = has(member::layout) == kind::string ? std::string_view(layout_) : "";
+      if (l == "column_major")
+        t.order = layout::column_major;
+      else if (l != "row_major")
+        fail_text("unknown layout " + printable(l) + " of tensor " + printable(t.name) +
+                  " (expected \"row_major\" or \"column_major\")");
+    }
+  }
+  void fail_record(std::size_t i, const std::string* name, const std::string& why) {
+    std::string d = "tensor #" + std::to_string(i);
+    if (name) d += " (" + printable(*name) + ")";
+    fail_text(d + " " + why);
+  }
+  void fail_text(std::string why) {
+    if (!failure) failure = std::move(why);
+  }
+
+  rj::Document& dom_;
+  table_vector<tensor_meta>& out_;
+  // Outside the records: where the parser is, and whether the next value is the "ckpt" object
+  // or its "tensors" array.
+  int depth_ = 0;
+  bool in_ckpt_ = false, ckpt_claimed_ = false, next_is_ckpt_ = false, tensors_claimed_ = false, next_is_tensors_ = false;
+  // Inside them: 0 between records, 1 in a record, 2 in its shape; `skip_` counts the brackets
+  // of a value skipped whole.
+  bool in_records_ = false;
+  int level_ = 0;
+  int skip_ = 0;
+  std::size_t index_ = 0;
+  member member_ = member::none;
+  std::array<bool, 5> seen_{};
+  std::array<kind, 5> have_{};
+  std::string dtype_, layout_;
+  small_vector<std::uint64_t, max_dims> shape_;
+  std::size_t shape_entries_ = 0;
+  bool bad_entry_ = false;
+};
+
+/// The metadata of a document parsed into `doc` and `records` (parse).
+inline metadata read(const rj::Value& doc, table_vector<tensor_meta>&& records, const std::optional<std::string>& bad_record) {
   const fields root(doc, "the document");
   const fields m(root.get("ckpt"), "\"ckpt\"");
   metadata md;
@@ -212,35 +446,9 @@ inline metadata read(const rj::Value& doc) {
     const auto h = f.view("index_xxh3");
     if (!from_hex(h, out.index_xxh3)) throw error(error_kind::corrupt, "bad index_xxh3 of file " + printable(out.path));
   }
-  const auto& tensors = m.array("tensors");
-  md.tensors.reserve(tensors.Size());
-  for (rj::SizeType i = 0; i < tensors.Size(); ++i) {
-    fields f(tensors[i], "tensor", i);
-    auto& t = md.tensors.emplace_back();
-    t.name = f.str("name");
-    f.name = &t.name;
-    const auto type = f.view("dtype");
-    const auto dt = dtype_from_string(type);
-    if (!dt) throw error(error_kind::corrupt, "unknown dtype " + printable(type) + " of tensor " + printable(t.name));
-    t.type = *dt;
-    const auto& shape = f.array("shape");
-    if (shape.Size() > max_dims) f.fail("has " + std::to_string(shape.Size()) + " dimensions");
-    t.shape.resize(shape.Size());
-    for (rj::SizeType d = 0; d < shape.Size(); ++d) {
-      if (!shape[d].IsUint64()) f.fail("has a shape entry that is not an unsigned 64-bit integer");
-      t.shape[d] = shape[d].GetUint64();
-    }
-    t.chunk_count = f.u64("chunks");
-    t.order = layout::row_major;
-    if (const auto* l = find_member(f.object, "layout")) {
-      const std::string_view s = l->IsString() ? std::string_view(l->GetString(), l->GetStringLength()) : "";
-      if (s == "column_major")
-        t.order = layout::column_major;
-      else if (s != "row_major")
-        throw error(error_kind::corrupt, "unknown layout " + printable(s) + " of tensor " + printable(t.name) +
-                                             " (expected \"row_major\" or \"column_major\")");
-    }
-  }
+  (void)m.array("tensors");  // empty in the DOM: `tensor_records` took its records
+  if (bad_record) throw error(error_kind::corrupt, *bad_record);
+  md.tensors = std::move(records);
   const auto& values = m.array("values");
   md.values.reserve(values.Size());
   for (rj::SizeType i = 0; i < values.Size(); ++i) {
@@ -308,8 +516,9 @@ CKPT_DECL metadata_text encode_metadata_around(const metadata& md, std::string_v
   return out;
 }
 
-CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file) {
+CKPT_DECL std::size_t check_json_depth(std::string_view doc, const std::string& file) {
   int depth = 0;
+  std::size_t objects = 0;
   bool in_string = false;
   for (std::size_t i = 0; i < doc.size(); ++i) {
     const char c = doc[i];
@@ -319,7 +528,7 @@ CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file) {
       // rest (below); stepping through them byte by byte was a tenth of a load.
       for (;;) {
         const auto* q = static_cast<const char*>(std::memchr(doc.data() + i, '"', doc.size() - i));
-        if (!q) return;  // unterminated: rapidjson says where
+        if (!q) return objects;  // unterminated: rapidjson says where
         std::size_t k = static_cast<std::size_t>(q - doc.data()), escapes = 0;
         while (doc[k - 1 - escapes] == '\\') ++escapes;  // stops at the opening quote at the latest
         i = k;
@@ -332,6 +541,7 @@ CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
+      objects += c == '{';
       if (++depth > max_json_depth) throw error(error_kind::corrupt, file + ": JSON nested too deeply");
     } else if (c == '}' || c == ']') {
       --depth;
@@ -354,6 +564,7 @@ CKPT_DECL void check_json_depth(std::string_view doc, const std::string& file) {
       i = end - 1;
     }
   }
+  return objects;
 }
 
 CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& file) {
@@ -366,14 +577,26 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
   if (!from_hex(text.substr(envelope_head.size(), 16), want)) throw fail("bad checksum text");
   const auto doc = text.substr(doc_begin, text.size() - doc_begin - envelope_tail.size());
   if (xxh3(doc) != want) throw fail("checksum mismatch (stored " + to_hex(want) + ", computed " + to_hex(xxh3(doc)) + ")");
-  check_json_depth(doc, file);
+  const auto objects = check_json_depth(doc, file);
+  // The records are parsed straight into the table (metadata_json::tensor_records), made once
+  // and never moved: no more entries than the document has objects, nor than it has room for
+  // records of the four members a record needs, {"name":"","dtype":"u8","shape":[],"chunks":0}.
+  table_vector<tensor_meta> records;
+  records.reserve(std::min(objects, doc.size() / 45 + 1));
   rj::Document parsed;
-  parsed.Parse(doc.data(), doc.size());
-  if (parsed.HasParseError())
-    throw fail("malformed JSON: " + rj_error_text(parsed.GetParseError()) + " at byte " + std::to_string(parsed.GetErrorOffset()) +
+  metadata_json::tensor_records handler(parsed, records);
+  rj::Reader reader;
+  const auto parse = [&](rj::Document&) {
+    rj::MemoryStream ms(doc.data(), doc.size());
+    rj::EncodedInputStream<rj::UTF8<>, rj::MemoryStream> in(ms);
+    return !reader.Parse<rj::kParseDefaultFlags>(in, handler).IsError();
+  };
+  parsed.Populate(parse);
+  if (reader.HasParseError())
+    throw fail("malformed JSON: " + rj_error_text(reader.GetParseErrorCode()) + " at byte " + std::to_string(reader.GetErrorOffset()) +
                " of the document");
   try {
-    return metadata_json::read(parsed);
+    return metadata_json::read(parsed, std::move(records), handler.failure);
   } catch (const error& e) {
     throw fail(e.what());
   } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them
