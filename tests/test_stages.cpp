@@ -339,6 +339,40 @@ struct table_row {
 
 }  // namespace
 
+TEST_CASE("table memory: a freed table's block is kept for the next table, up to a bound, and split to fit") {
+  namespace d = ckpt::detail;
+  auto& cache = d::huge_page_cache::process();
+  const std::size_t mib = std::size_t{1} << 20;
+  const auto kept_before = cache.kept();
+  const std::byte* first = nullptr;
+  {
+    d::table_vector<std::byte> big(46 * mib);  // a size no other test leaves behind
+    first = big.data();
+  }
+  if (CKPT_UNDER_ASAN) {  // nothing is kept, so that AddressSanitizer still sees a use after free
+    CHECK(cache.kept() == kept_before);
+    return;
+  }
+  CHECK(cache.kept() == kept_before + 46 * mib);
+  {
+    d::table_vector<std::byte> next(44 * mib);  // the 46 MiB block is the smallest that fits: its head
+    CHECK(next.data() == first);
+    CHECK(cache.kept() == kept_before + 2 * mib);  // its tail is kept
+    next[44 * mib - 1] = std::byte{7};  // all of it is mapped
+  }
+  CHECK(cache.kept() == kept_before + 46 * mib);
+  {
+    d::table_vector<std::byte> huge(d::huge_page_cache::largest_block + 2 * mib);  // a buffer, not a table
+  }
+  CHECK(cache.kept() == kept_before + 46 * mib);  // unmapped, not kept
+  {
+    std::vector<d::table_vector<std::byte>> many;
+    for (int i = 0; i < 6; ++i) many.emplace_back(60 * mib);  // 360 MiB
+  }
+  CHECK(cache.kept() <= d::huge_page_cache::most_bytes);  // the oldest went first
+  CHECK(cache.kept() >= 4 * 60 * mib);
+}
+
 TEST_CASE("table memory: tables of 2 MiB or more are in whole 2 MiB blocks advised as huge pages, smaller ones as usual") {
   namespace d = ckpt::detail;
   d::table_vector<table_row> small(1000);  // 40 KB

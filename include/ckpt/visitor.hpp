@@ -35,6 +35,7 @@
 
 #include "detail/name_set.hpp"
 #include "detail/span_stream.hpp"
+#include "detail/table_memory.hpp"
 #include "error.hpp"
 #include "impl/decl.hpp"
 #include "names.hpp"
@@ -377,11 +378,12 @@ class visitor {
     prefix_ = std::move(saved);
   }
 
-  /// The tensors recorded so far, in visiting order.
-  const std::vector<tensor_entry>& tensors() const noexcept { return tensors_; }
+  /// The tensors recorded so far, in visiting order (a std::vector, in memory kept for tables:
+  /// detail/table_memory.hpp).
+  const detail::table_vector<tensor_entry>& tensors() const noexcept { return tensors_; }
   /// The tensors recorded so far, moved out: a save's plan takes them (and their names) instead
   /// of copying them; the visitor holds none afterwards.
-  std::vector<tensor_entry> take_tensors() noexcept { return std::move(tensors_); }
+  detail::table_vector<tensor_entry> take_tensors() noexcept { return std::move(tensors_); }
   /// The values recorded so far, in visiting order.
   const std::vector<value_entry>& values() const noexcept { return values_; }
 
@@ -404,7 +406,7 @@ class visitor {
   std::vector<std::string> skipped_;
   std::string prefix_;
   detail::name_set seen_;
-  std::vector<tensor_entry> tensors_;
+  detail::table_vector<tensor_entry> tensors_;
   std::vector<value_entry> values_;
 };
 

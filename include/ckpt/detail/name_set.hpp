@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "table_memory.hpp"
 
 namespace ckpt::detail {
 
@@ -65,9 +66,10 @@ class name_set {
     }
   }
 
-  std::string bytes_;
-  std::vector<entry> entries_;
-  std::vector<std::uint32_t> slots_;  // an entry's index, or `empty`; a power of two long
+  // In memory kept for tables (table_memory.hpp): a visit of 100,000 names fills megabytes.
+  table_string bytes_;
+  table_vector<entry> entries_;
+  table_vector<std::uint32_t> slots_;  // an entry's index, or `empty`; a power of two long
 };
 
 }  // namespace ckpt::detail

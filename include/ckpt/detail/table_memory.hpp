@@ -15,11 +15,19 @@
 // everywhere it can). Where the kernel has no huge page to give, or THP is off, the advice is
 // ignored and the table is in ordinary pages, as before. Smaller tables come from operator new
 // as usual.
+//
+// A table's block, once freed, is kept for the next table (huge_page_cache, up to 256 MiB in
+// all). Unmapped, its memory would go back to the kernel, and on a virtual machine that hands
+// freed memory back to its host (free page reporting) the next save's or load's tables would be
+// faulted in afresh from the host, where glibc's heap would have given ordinary pages it still
+// held: a process that saves every few minutes found the save's tables slower in huge pages than
+// in those (docs/performance.md, "What the investigations found").
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -76,39 +84,135 @@ inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised)
 #endif
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define CKPT_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKPT_UNDER_ASAN 1
+#endif
+#endif
+#if !defined(CKPT_UNDER_ASAN)
+#define CKPT_UNDER_ASAN 0
+#endif
+
+/// Blocks of whole huge pages that tables freed, kept mapped for the tables that follow: the
+/// oldest go once more than `most_bytes` are kept, and blocks larger than `largest_block` are
+/// not kept at all (those are buffers, not tables). A block is handed out whole or split, its
+/// tail kept. Under AddressSanitizer nothing is kept, so that a table used after it was freed
+/// still faults.
+class huge_page_cache {
+ public:
+  static constexpr std::size_t most_bytes = std::size_t{256} << 20;
+  static constexpr std::size_t largest_block = std::size_t{64} << 20;
+
+  /// The one cache of the process. Never destroyed: tables held by static objects may be freed
+  /// after every other static object is gone.
+  static huge_page_cache& process() {
+    static auto* cache = new huge_page_cache;
+    return *cache;
+  }
+
+  /// A kept block of `bytes` (a multiple of huge_page_bytes), or nullptr: the smallest that is
+  /// large enough, its tail kept.
+  std::byte* take(std::size_t bytes) {
+    const std::lock_guard lock(mutex_);
+    std::size_t best = blocks_.size();
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].bytes >= bytes && (best == blocks_.size() || blocks_[i].bytes < blocks_[best].bytes)) best = i;
+    if (best == blocks_.size()) return nullptr;
+    auto* p = blocks_[best].at;
+    if (blocks_[best].bytes > bytes) {
+      blocks_[best].at += bytes;
+      blocks_[best].bytes -= bytes;
+    } else {
+      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+    kept_ -= bytes;
+    return p;
+  }
+
+  /// Keeps a freed block of `bytes` (a multiple of huge_page_bytes, mapped by huge_page_memory);
+  /// false when the caller must unmap it.
+  bool keep(std::byte* p, std::size_t bytes) {
+#if !defined(__linux__) || CKPT_UNDER_ASAN  // elsewhere a block is one new[], not to be split
+    (void)p, (void)bytes;
+    return false;
+#else
+    if (bytes > largest_block) return false;
+    const std::lock_guard lock(mutex_);
+    while (kept_ + bytes > most_bytes && !blocks_.empty()) {  // the oldest make room
+      unmap(blocks_.front().at, blocks_.front().bytes);
+      kept_ -= blocks_.front().bytes;
+      blocks_.erase(blocks_.begin());
+    }
+    blocks_.push_back({p, bytes});
+    kept_ += bytes;
+    return true;
+#endif
+  }
+
+  /// Bytes kept now.
+  std::size_t kept() const {
+    const std::lock_guard lock(mutex_);
+    return kept_;
+  }
+
+ private:
+  struct block {
+    std::byte* at;
+    std::size_t bytes;
+  };
+  static void unmap(std::byte* p, std::size_t bytes) noexcept { huge_page_delete{bytes}(p); }
+
+  mutable std::mutex mutex_;
+  std::vector<block> blocks_;  // oldest first
+  std::size_t kept_ = 0;
+};
+
 /// A std::allocator whose blocks of `huge_page_bytes` or more are 2 MiB aligned, rounded up to
 /// whole 2 MiB and mapped with huge_page_memory; smaller blocks come from operator new, aligned
 /// to `Align`. `AdviseTail`: whether the last, partial 2 MiB of a block is advised too (a table's
-/// tail is touched as it grows; a buffer's unused tail then costs no huge page).
-template <class T, std::size_t Align = alignof(T), bool AdviseTail = true>
+/// tail is touched as it grows; a buffer's unused tail then costs no huge page). `Kept`: whether
+/// freed blocks go to huge_page_cache for the next (tables), or back to the kernel (buffers).
+template <class T, std::size_t Align = alignof(T), bool AdviseTail = true, bool Kept = AdviseTail>
 struct huge_page_allocator {
   using value_type = T;
   template <class U>
   struct rebind {
-    using other = huge_page_allocator<U, Align, AdviseTail>;
+    using other = huge_page_allocator<U, Align, AdviseTail, Kept>;
   };
 
   huge_page_allocator() = default;
   template <class U>
-  huge_page_allocator(const huge_page_allocator<U, Align, AdviseTail>&) noexcept {}
+  huge_page_allocator(const huge_page_allocator<U, Align, AdviseTail, Kept>&) noexcept {}
 
   T* allocate(std::size_t n) {
     if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
     const auto bytes = n * sizeof(T);
     if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{small_align}));
     const auto whole = round_up(bytes);
+    if constexpr (Kept)
+      if (auto* p = huge_page_cache::process().take(whole)) return reinterpret_cast<T*>(p);
     return reinterpret_cast<T*>(huge_page_memory(whole, AdviseTail ? whole : bytes).release());
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const auto bytes = n * sizeof(T);
-    if (bytes < huge_page_bytes)
+    if (bytes < huge_page_bytes) {
       ::operator delete(p, std::align_val_t{small_align});
-    else
-      huge_page_delete{round_up(bytes)}(reinterpret_cast<std::byte*>(p));
+      return;
+    }
+    auto* block = reinterpret_cast<std::byte*>(p);
+    if constexpr (Kept) {
+      try {
+        if (huge_page_cache::process().keep(block, round_up(bytes))) return;
+      } catch (...) {  // no room to note it: unmapped instead
+      }
+    }
+    huge_page_delete{round_up(bytes)}(block);
   }
 
   template <class U>
-  bool operator==(const huge_page_allocator<U, Align, AdviseTail>&) const noexcept {
+  bool operator==(const huge_page_allocator<U, Align, AdviseTail, Kept>&) const noexcept {
     return true;  // stateless: any one frees what another allocated
   }
 
