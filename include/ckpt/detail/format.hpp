@@ -23,6 +23,7 @@
 #include "packed.hpp"
 #include "region.hpp"
 #include "span_stream.hpp"
+#include "table_memory.hpp"
 
 #include "../impl/decl.hpp"
 
@@ -105,7 +106,7 @@ struct value_record {
 /// The footer index of one shard file.
 struct shard_index {
   std::uint32_t rank = 0;
-  std::vector<tensor_group> tensors;
+  table_vector<tensor_group> tensors;  // in memory kept for tables (table_memory.hpp), as the visitor's it follows
   std::vector<value_record> values;
 };
 
