@@ -75,7 +75,7 @@ struct shard_chunk {
 /// while the bytes are written (checkpointer.ipp, write_and_commit).
 struct shard_plan {
   written_shard shard;
-  table_vector<shard_chunk> chunks;
+  table_vector<shard_chunk> chunks;  // in table memory, as shard_index::tensors
   std::uint64_t largest = 0;  // bytes of the largest chunk
   bool boxes = false;         // blocks of columns, which only a DevicePolicy with a host view can gather
 };
