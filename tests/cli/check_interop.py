@@ -803,6 +803,19 @@ def hostile_pickle_is_refused():
     check(not os.path.exists(os.path.join(tmp, "evil_root", "latest")), "something was committed")
 
 
+@case
+def index_json_rapidjson_cannot_finish_is_refused():
+    # A number rapidjson starts and cannot finish (NaN with an exponent) made it throw its own
+    # assertion, not a ckpt error naming the file (tools/fuzz.sh found it in metadata.json's reader).
+    f = os.path.join(tmp, "nan", "pytorch_model.bin.index.json")
+    os.makedirs(os.path.dirname(f))
+    with open(f, "w") as out:
+        out.write('{"weight_map": NaNE5}')
+    p = run("import", f, os.path.join(tmp, "nan_root"), expect=2)
+    check("pytorch_model.bin.index.json: not valid JSON" in p.stderr, p.stderr)
+    check(not os.path.exists(os.path.join(tmp, "nan_root", "latest")), "something was committed")
+
+
 
 @case
 def new_dtypes_through_every_path():

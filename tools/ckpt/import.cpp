@@ -352,7 +352,13 @@ void from_torch_index(const fs::path& index, imported& out) {
   std::ifstream in(index);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   ckpt::interop::detail::rj::Document doc;  // the rapidjson safetensors.hpp parses with
-  doc.Parse(text.c_str(), text.size());
+  try {
+    doc.Parse(text.c_str(), text.size());
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them ("NaNE5")
+    throw ckpt::error(ckpt::error_kind::corrupt, index.string() + ": not valid JSON (" + e.what() + ")");
+  }
   if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("weight_map") || !doc["weight_map"].IsObject())
     throw ckpt::error(ckpt::error_kind::corrupt, index.string() + ": not an index JSON with a weight_map");
   std::set<std::string> shards;

@@ -591,7 +591,13 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
     rj::EncodedInputStream<rj::UTF8<>, rj::MemoryStream> in(ms);
     return !reader.Parse<rj::kParseDefaultFlags>(in, handler).IsError();
   };
-  parsed.Populate(parse);
+  try {
+    parsed.Populate(parse);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them: "NaNE5" (an exponent after NaN)
+    throw fail(std::string("malformed JSON: ") + e.what());
+  }
   if (reader.HasParseError())
     throw fail("malformed JSON: " + rj_error_text(reader.GetParseErrorCode()) + " at byte " + std::to_string(reader.GetErrorOffset()) +
                " of the document");
