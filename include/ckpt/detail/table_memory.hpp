@@ -202,13 +202,14 @@ struct huge_page_allocator {
       return;
     }
     auto* block = reinterpret_cast<std::byte*>(p);
+    const auto whole = round_up(bytes);
     if constexpr (Kept) {
       try {
-        if (huge_page_cache::process().keep(block, round_up(bytes))) return;
+        if (huge_page_cache::process().keep(block, whole)) return;
       } catch (...) {  // no room to note it: unmapped instead
       }
     }
-    huge_page_delete{round_up(bytes)}(block);
+    huge_page_delete{whole}(block);
   }
 
   template <class U>

@@ -137,25 +137,26 @@ inline std::size_t write_around_records(writer& w, rj::StringBuffer& out, const 
   return records_at;
 }
 
-/// The fields of one JSON object, each checked for its type; errors name the object ("the
-/// config", "tensor #3 ('w')"). The name is put together only when a check fails: metadata.json
-/// of 100,000 tensors is read at every load.
+/// How an error names an object of the document: "the config", "file #3", "tensor #3 ('w')"
+/// (`number` when set, `name` once known). Put together only when a check fails: metadata.json of
+/// 100,000 tensors is read at every load.
+inline std::string described(std::string_view what, std::size_t number = ~std::size_t{0}, const std::string* name = nullptr) {
+  std::string d(what);
+  if (number != ~std::size_t{0}) d += " #" + std::to_string(number);
+  if (name) d += " (" + printable(*name) + ")";
+  return d;
+}
+
+/// The fields of one JSON object, each checked for its type; errors name the object (`described`).
 struct fields {
   const rj::Value& object;
-  std::string_view what;                       // "the config", or "tensor" when numbered
+  std::string_view what;                       // "the config", or "file" when numbered
   std::size_t number = ~std::size_t{0};        // "#number" after `what`, when set
-  const std::string* name = nullptr;           // " ('name')" after that, once known
 
   fields(const rj::Value& o, std::string_view w, std::size_t n = ~std::size_t{0}) : object(o), what(w), number(n) {
     if (!object.IsObject()) fail("is not a JSON object");
   }
-  std::string description() const {
-    std::string d(what);
-    if (number != ~std::size_t{0}) d += " #" + std::to_string(number);
-    if (name) d += " (" + printable(*name) + ")";
-    return d;
-  }
-  [[noreturn]] void fail(const std::string& why) const { throw error(error_kind::corrupt, description() + " " + why); }
+  [[noreturn]] void fail(const std::string& why) const { throw error(error_kind::corrupt, described(what, number) + " " + why); }
   const rj::Value& get(std::string_view name) const {
     const auto* v = find_member(object, name);
     if (!v) fail("has no \"" + std::string(name) + "\"");
@@ -299,7 +300,8 @@ class tensor_records {
   }
 
  private:
-  enum class member : int { name, dtype, shape, chunks, layout, count, none = count };
+  enum class member : int { name, dtype, shape, chunks, layout, none };  // `none`: a member not read
+  static constexpr std::size_t members = static_cast<std::size_t>(member::none);
   enum class kind : std::uint8_t { absent, string, number, array, other };
 
   /// A scalar: to the DOM outside the records; inside them, a member's value or a shape's entry.
@@ -342,11 +344,11 @@ class tensor_records {
     member_ = member::none;
   }
   member claim(std::string_view key) {
-    static constexpr std::array<std::string_view, 5> names{"name", "dtype", "shape", "chunks", "layout"};
-    for (int m = 0; m < 5; ++m)
-      if (key == names[static_cast<std::size_t>(m)]) {
-        if (seen_[static_cast<std::size_t>(m)]) return member::none;  // find_member takes the first
-        seen_[static_cast<std::size_t>(m)] = true;
+    static constexpr std::array<std::string_view, members> names{"name", "dtype", "shape", "chunks", "layout"};
+    for (std::size_t m = 0; m < members; ++m)
+      if (key == names[m]) {
+        if (seen_[m]) return member::none;  // find_member takes the first
+        seen_[m] = true;
         return static_cast<member>(m);
       }
     return member::none;
@@ -387,11 +389,7 @@ class tensor_records {
                   " (expected \"row_major\" or \"column_major\")");
     }
   }
-  void fail_record(std::size_t i, const std::string* name, const std::string& why) {
-    std::string d = "tensor #" + std::to_string(i);
-    if (name) d += " (" + printable(*name) + ")";
-    fail_text(d + " " + why);
-  }
+  void fail_record(std::size_t i, const std::string* name, const std::string& why) { fail_text(described("tensor", i, name) + " " + why); }
   void fail_text(std::string why) {
     if (!failure) failure = std::move(why);
   }
@@ -409,8 +407,8 @@ class tensor_records {
   int skip_ = 0;
   std::size_t index_ = 0;
   member member_ = member::none;
-  std::array<bool, 5> seen_{};
-  std::array<kind, 5> have_{};
+  std::array<bool, members> seen_{};
+  std::array<kind, members> have_{};
   std::string dtype_, layout_;
   small_vector<std::uint64_t, max_dims> shape_;
   std::size_t shape_entries_ = 0;
@@ -593,19 +591,15 @@ CKPT_DECL metadata decode_metadata(std::string_view text, const std::string& fil
   };
   try {
     parsed.Populate(parse);
-  } catch (const std::bad_alloc&) {
-    throw;
-  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them: "NaNE5" (an exponent after NaN)
-    throw fail(std::string("malformed JSON: ") + e.what());
-  }
-  if (reader.HasParseError())
-    throw fail("malformed JSON: " + rj_error_text(reader.GetParseErrorCode()) + " at byte " + std::to_string(reader.GetErrorOffset()) +
-               " of the document");
-  try {
+    if (reader.HasParseError())
+      throw error(error_kind::corrupt, "malformed JSON: " + rj_error_text(reader.GetParseErrorCode()) + " at byte " +
+                                           std::to_string(reader.GetErrorOffset()) + " of the document");
     return metadata_json::read(parsed, std::move(records), handler.failure);
   } catch (const error& e) {
     throw fail(e.what());
-  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // rapidjson's assertions, as cereal configures them ("NaNE5": an exponent after NaN)
     throw fail(std::string("malformed JSON: ") + e.what());
   }
 }
