@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
       ckpt::detail::validate_metadata(back, tag, "metadata.json");
       const ckpt::shape_t off = {(ranks / 2) * rows_per_rank, 0}, shape = {2 * rows_per_rank, cols};
       std::vector<ckpt::detail::wanted_region> wanted;
-      for (std::size_t t = 0; t < back.tensors.size(); ++t) wanted.push_back({t, off, shape});
+      for (std::size_t t = 0; t < back.tensors.size(); ++t) wanted.push_back({t, {off, shape}});
       const auto files = ckpt::detail::files_holding(back, wanted);
       footer_bytes = ckpt::detail::read_chunk_details(disk, back, std::vector<bool>(back.tensors.size(), true), files);
       std::uint64_t runs_found = 0;

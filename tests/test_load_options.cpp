@@ -6,6 +6,8 @@
 
 #include <ckpt/in_process.hpp>
 
+#include <thread>
+
 using test::catch_error;
 using test::every_dtype_state;
 
@@ -344,6 +346,103 @@ TEST_CASE("state that exists only after the first step is created on load with t
     CHECK(p.step);
     CHECK_FALSE(p.nothing);
     CHECK_FALSE(p.outside);
+  }
+}
+
+TEST_CASE("the tag is opened while the state is visited: the state's code stays on the caller's thread, errors keep their order") {
+  ckpt::memory_storage mem;
+  small saved;
+  saved.w = {1, 2, 3, 4, 5, 6};
+  make(mem).save(3, saved, {.config = {{"layers", 2}}});
+  const std::string md_key = "global_step3/metadata.json";
+
+  // A state that asks what the checkpoint holds, and records where its code ran and how far.
+  struct asking {
+    small s;
+    std::thread::id visited_on;
+    bool answered = false;
+    bool twice = false;  // names "w" twice: the visit itself fails
+    void checkpoint(ckpt::visitor& v) {
+      visited_on = std::this_thread::get_id();
+      const auto w = v.saved("w");
+      answered = true;
+      if (w) v.tensor("w", ckpt::view(s.w, {2, 3}));
+      if (twice) v.tensor("w", s.w);
+    }
+  };
+
+  SUBCASE("a sound tag: answers, the visit on this thread, the data loaded") {
+    asking a;
+    make(mem).load(a, {.strict = false});
+    CHECK(a.visited_on == std::this_thread::get_id());
+    CHECK(a.answered);
+    CHECK(a.s.w == saved.w);
+    const auto files = make(mem).files_to_read(a, {.strict = false});
+    CHECK(files == std::vector<std::string>{"global_step3/mp_rank_00/model_optim_rng.ckpt"});
+  }
+  SUBCASE("a damaged metadata.json: its error, and the state never acts on an answer") {
+    mem.bytes(md_key)[40] ^= std::byte{1};
+    asking a;
+    const auto e = catch_error([&] { make(mem).load(a); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(contains(e, "metadata.json"));
+    CHECK_FALSE(a.answered);
+    CHECK(a.s.w == std::vector<float>(6));
+  }
+  SUBCASE("a damaged metadata.json and a visit that fails: the metadata's error first") {
+    mem.bytes(md_key)[40] ^= std::byte{1};
+    small twice;
+    struct dup {
+      small& s;
+      void checkpoint(ckpt::visitor& v) {
+        v.tensor("w", s.w);
+        v.tensor("w", s.w);
+      }
+    } d{twice};
+    const auto e = catch_error([&] { make(mem).load(d); });
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(contains(e, "metadata.json"));
+  }
+  SUBCASE("a sound tag and a visit that fails: the visit's error") {
+    asking a;
+    a.twice = true;
+    const auto e = catch_error([&] { make(mem).load(a); });
+    CHECK(e.kind() == ckpt::error_kind::invalid_argument);
+    INFO(e.what());
+    CHECK(contains(e, "the state names 'w' twice"));
+  }
+  SUBCASE("a config that differs: its error, before the state acts on an answer") {
+    asking a;
+    const auto e = catch_error([&] { make(mem).load(a, {.config = ckpt::config{{"layers", 3}}}); });
+    CHECK(e.kind() == ckpt::error_kind::mismatch);
+    CHECK(contains(e, "layers saved 2, current 3"));
+    CHECK_FALSE(a.answered);
+  }
+  SUBCASE("no such tag: not_found, whatever the visit does") {
+    asking a;
+    const auto e = catch_error([&] { make(mem).load(a, {.tag = "global_step9"}); });
+    CHECK(e.kind() == ckpt::error_kind::not_found);
+    CHECK_FALSE(a.answered);
+  }
+  SUBCASE("on several ranks: every rank gets the metadata's error, and the visit's where only that fails") {
+    mem.bytes(md_key)[40] ^= std::byte{1};
+    bool answered[2] = {false, false};
+    const auto errors = test::on_ranks(2, [&](ckpt::in_process comm, std::uint32_t r) {
+      ckpt::checkpointer<ckpt::megatron<ckpt::in_process>, ckpt::memory_storage> cp{{.tp = 2, .comm = comm}, mem};
+      asking a;
+      try {
+        cp.load(a);
+      } catch (...) {
+        answered[r] = a.answered;
+        throw;
+      }
+    });
+    for (const auto& e : errors) {
+      CHECK(e.find("rank 0: ") != std::string::npos);
+      CHECK(e.find("metadata.json") != std::string::npos);
+    }
+    CHECK_FALSE(answered[0]);
+    CHECK_FALSE(answered[1]);
   }
 }
 

@@ -25,18 +25,23 @@
 
 namespace ckpt::detail {
 
-/// What a load reads from one tensor: the region `dst` of stored tensor `tensor`.
+/// What a load reads from one tensor: the region `dst` of stored tensor `tensor`. The region
+/// is a view: of the live tensor's shape and offset, or of `no_offset`.
 struct wanted_region {
   std::size_t tensor;
-  shape_t offset, shape;
+  region dst;
 };
 
+/// The offset of a tensor that is not a slice of a larger one: as many zeros as a tensor may
+/// have dimensions.
+inline constexpr dims_array no_offset{};
+
 /// The files holding chunks that overlap the wanted regions (per file: whether it does).
-inline std::vector<bool> files_holding(const metadata& md, const std::vector<wanted_region>& wanted) {
+inline std::vector<bool> files_holding(const metadata& md, std::span<const wanted_region> wanted) {
   std::vector<bool> used(md.files.size(), false);
   for (const auto& w : wanted) {
     const auto& t = md.tensors[w.tensor];
-    const region dst{w.offset, w.shape};
+    const auto& dst = w.dst;
     if (t.placement) {
       for_each_chunk(*t.placement, t.shape, dst, [&](std::uint32_t f, auto, auto) { used[f] = true; });
       continue;
