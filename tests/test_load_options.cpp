@@ -349,7 +349,7 @@ TEST_CASE("state that exists only after the first step is created on load with t
   }
 }
 
-TEST_CASE("the tag is opened while the state is visited: the state's code stays on the caller's thread, errors keep their order") {
+TEST_CASE("a load's errors keep their order, and the state's code runs on the caller's thread and never acts on an answer the checkpoint could not give") {
   ckpt::memory_storage mem;
   small saved;
   saved.w = {1, 2, 3, 4, 5, 6};

@@ -16,7 +16,6 @@
 /// in_process.hpp, memory_tier.hpp, cuda/) include it for their users.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,7 +44,6 @@ struct chunking;
 struct written_shard;
 struct shard_plan;
 class stored_index;
-class background_open;
 template <class Store>
 class tag_store;
 template <class Store>
@@ -217,17 +215,11 @@ class checkpointer {
   /// Joins the background save, if any; throws its error when `rethrow` and nobody saw it.
   void finish_pending(bool rethrow);
 
-  /// Opens the tag `opts` names while this thread visits `state` into `v` (the opening on a
-  /// thread of its own: detail/background_open.hpp; in a job, rank 0 reads the tag and every
-  /// rank decodes and checks it), then matches the live names against the stored ones and
-  /// fills `result`'s tag, iteration, config and topology. `then` runs on the opening's thread
-  /// once the metadata is indexed. Every rank agrees on the errors, the opening's first.
-  void open_and_visit(detail::state_ref state, const load_options& opts, detail::background_open& opened,
-                      detail::restore_context& ctx, visitor& v, load_result& result,
-                      std::function<void(const detail::metadata&, const detail::stored_index&)> then);
-  /// Decides what this rank reads (detail::plan_restore), on every rank.
-  detail::restore_plan plan_load(const load_options& opts, const detail::metadata& md, const detail::stored_index& index,
-                                 const detail::restore_context& ctx, const visitor& v, load_result& result);
+  /// Rank 0 resolves the tag and reads its metadata once; every rank decodes and checks it.
+  detail::metadata open_for_load(const load_options& opts, detail::restore_context& ctx);
+  detail::restore_plan plan_load(detail::state_ref state, const load_options& opts, const detail::metadata& md,
+                                 const detail::stored_index& index, const detail::restore_context& ctx, visitor& v,
+                                 load_result& result);
   /// Reads the chunks that overlap the planned tensors, verifies them, checks the validation
   /// logits, and restores values.
   void read_restore(const detail::metadata& md, const detail::restore_plan& plan, const load_options& opts,

@@ -9,7 +9,6 @@
 // memory_tier.hpp, cuda/) include it.
 
 #include <exception>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,7 +18,6 @@
 #include <vector>
 
 #include "../checkpointer.hpp"
-#include "../detail/background_open.hpp"
 #include "../detail/chunk_reader.hpp"
 #include "../detail/collective.hpp"
 #include "../detail/commit.hpp"
@@ -114,24 +112,19 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
   finish_pending(true);
   auto& comm = policy_.communicator();
   detail::restore_context ctx;
-  load_result result;
+  auto md = open_for_load(opts, ctx);
+  const detail::stored_index index(md);  // also what v.saved() answers while the state is visited
+  load_result result{.tag = md.tag, .iteration = md.iteration, .config = md.config, .topology = md.topology};
+  // The details of the chunks in this rank's own file, read while the state is visited and
+  // planned (read_plan_details takes them if the plan reads that file).
+  detail::details_prefetch<Store> prefetch;
   bool scatter = false;
   if constexpr (detail::scatters<Policy>) scatter = policy_.scatter_on_load && comm.size() > 1;
-  detail::background_open opened(visited_tensors_);
-  // The details of the chunks in this rank's own file, read while the state is visited and
-  // planned (read_plan_details takes them if the plan reads that file). Declared after the
-  // metadata it reads, so that its thread is joined first when a load fails; the opening's
-  // thread, which starts it, has ended by the time open_and_visit returns or throws.
-  detail::details_prefetch<Store> prefetch;
+  if constexpr (detail::concurrent_reads<Store>)
+    if (!scatter)
+      if (const auto f = detail::own_file(md, static_cast<std::uint32_t>(comm.rank()))) prefetch.start(storage_, md, index.tensors_by_name(), *f);
   visitor v;
-  open_and_visit(state, opts, opened, ctx, v, result, [&](const detail::metadata& md, const detail::stored_index& index) {
-    if constexpr (detail::concurrent_reads<Store>)
-      if (!scatter)
-        if (const auto f = detail::own_file(md, ctx.rank)) prefetch.start(storage_, md, index.tensors_by_name(), *f);
-  });
-  auto& md = opened.md();
-  const auto& index = opened.index();
-  const auto plan = plan_load(opts, md, index, ctx, v, result);
+  const auto plan = plan_load(state, opts, md, index, ctx, v, result);
   const auto read_own = [&](const detail::restore_plan& own, detail::file_verifier<Store>& verify) {
     read_restore(md, own, opts, verify, result);
   };
@@ -157,66 +150,24 @@ load_result checkpointer<Policy, Store, Enc, Device>::load_state(detail::state_r
 }
 
 template <class Policy, class Store, class Enc, class Device>
-void checkpointer<Policy, Store, Enc, Device>::open_and_visit(
-    detail::state_ref state, const load_options& opts, detail::background_open& opened, detail::restore_context& ctx,
-    visitor& v, load_result& result, std::function<void(const detail::metadata&, const detail::stored_index&)> then) {
+detail::restore_plan checkpointer<Policy, Store, Enc, Device>::plan_load(detail::state_ref state, const load_options& opts,
+                                                                         const detail::metadata& md,
+                                                                         const detail::stored_index& index,
+                                                                         const detail::restore_context& ctx, visitor& v,
+                                                                         load_result& result) {
   auto& comm = policy_.communicator();
-  ctx.rank = static_cast<std::uint32_t>(comm.rank());
-  // In a job of several processes rank 0 reads the tag and sends it to every rank, through the
-  // Communicator and so on this thread; a process alone reads it on the opening's thread.
-  const bool alone = comm.size() == 1;
-  detail::tag_bytes bytes;
-  if (!alone) {
-    detail::collective(comm, [&] {
-      if (comm.rank() == 0) bytes = tags_->read(tags_->resolve(opts));
-    });
-    detail::broadcast_string(comm, bytes.tag);
-    detail::broadcast_string(comm, bytes.metadata_json);
-    detail::broadcast_string(comm, bytes.chunk_map);
-  }
-  opened.start(
-      [this, &opts, &ctx, alone, bytes = std::move(bytes)]() mutable {
-        if (alone) bytes = tags_->read(tags_->resolve(opts));
-        ctx.md_name = storage_.describe(detail::metadata_key(bytes.tag));
-        auto md = tags_->decode(std::move(bytes));
-        if (opts.config && opts.check_config) detail::check_config(md, *opts.config, opts.ignore_config_keys, ctx.md_name);
-        return md;
-      },
-      std::move(then));
-  std::exception_ptr visit_failed;  // reported after the opening's error, if both fail
-  try {
+  detail::collective(comm, [&] {
+    if (opts.config && opts.check_config) detail::check_config(md, *opts.config, opts.ignore_config_keys, ctx.md_name);
     std::vector<std::string> skip = opts.skip_groups;
     if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
-    v = visitor(std::move(skip), opened);
+    v = visitor(skip, index);
     state.visit(v);
-  } catch (...) {
-    visit_failed = std::current_exception();
-  }
-  detail::collective(comm, [&] {
-    opened.wait();
-    ctx.live_topology = policy_.topology();
-  });
-  const auto& md = opened.md();
-  result.tag = md.tag;
-  result.iteration = md.iteration;
-  result.config = md.config;
-  result.topology = md.topology;
-  detail::collective(comm, [&] {
-    if (visit_failed) std::rethrow_exception(visit_failed);
-    visited_tensors_ = v.tensors().size();
-    detail::match_names(md, opened.index(), v, result);
+    detail::match_names(md, index, v, result);
   });
   detail::agree_on_unexpected(comm, result);
-}
-
-template <class Policy, class Store, class Enc, class Device>
-detail::restore_plan checkpointer<Policy, Store, Enc, Device>::plan_load(const load_options& opts, const detail::metadata& md,
-                                                                         const detail::stored_index& index,
-                                                                         const detail::restore_context& ctx, const visitor& v,
-                                                                         load_result& result) {
   detail::restore_plan plan;
   const auto accepts = [&](device where) { return device_.accepts(where); };
-  detail::collective(policy_.communicator(), [&] { plan = detail::plan_restore(md, index, v, opts, ctx, accepts, result); });
+  detail::collective(comm, [&] { plan = detail::plan_restore(md, index, v, opts, ctx, accepts, result); });
   return plan;
 }
 
@@ -319,6 +270,26 @@ void checkpointer<Policy, Store, Enc, Device>::wait() {
 }
 
 template <class Policy, class Store, class Enc, class Device>
+detail::metadata checkpointer<Policy, Store, Enc, Device>::open_for_load(const load_options& opts, detail::restore_context& ctx) {
+  auto& comm = policy_.communicator();
+  detail::tag_bytes bytes;
+  detail::collective(comm, [&] {
+    if (comm.rank() == 0) bytes = tags_->read(tags_->resolve(opts));
+  });
+  detail::broadcast_string(comm, bytes.tag);
+  detail::broadcast_string(comm, bytes.metadata_json);
+  detail::broadcast_string(comm, bytes.chunk_map);
+  detail::metadata md;
+  detail::collective(comm, [&] {
+    ctx.md_name = storage_.describe(detail::metadata_key(bytes.tag));
+    md = tags_->decode(std::move(bytes));
+    ctx.live_topology = policy_.topology();
+    ctx.rank = static_cast<std::uint32_t>(comm.rank());
+  });
+  return md;
+}
+
+template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::read_restore(const detail::metadata& md, const detail::restore_plan& plan, const load_options& opts,
                   detail::file_verifier<Store>& verify_file, load_result& result) {
   result.bytes_read += chunks().load(plan.tensors, md, verify_file, device_);
@@ -338,11 +309,12 @@ template <class Policy, class Store, class Enc, class Device>
 std::vector<std::string> checkpointer<Policy, Store, Enc, Device>::files_for(detail::state_ref state, const load_options& opts) {
   finish_pending(true);
   detail::restore_context ctx;
+  const auto md = open_for_load(opts, ctx);
+  const detail::stored_index index(md);
   load_result result;
-  detail::background_open opened(visited_tensors_);
   visitor v;
-  open_and_visit(state, opts, opened, ctx, v, result, [](const detail::metadata&, const detail::stored_index&) {});
-  return detail::files_read(opened.md(), plan_load(opts, opened.md(), opened.index(), ctx, v, result));
+  const auto plan = plan_load(state, opts, md, index, ctx, v, result);
+  return detail::files_read(md, plan);
 }
 
 template <class Policy, class Store, class Enc, class Device>
