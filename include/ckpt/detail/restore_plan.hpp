@@ -104,8 +104,9 @@ struct restore_plan {
 };
 
 /// The regions of stored tensors a plan reads (what chunk_reader::load reads from): views of
-/// the plan's live tensors, one entry per tensor (in table memory: a model of 100,000 tensors
-/// made this list 9 MB of fresh memory to fault in at every load).
+/// the plan's live tensors, one entry per tensor, in table memory. (With two shapes copied
+/// into each entry of a vector grown by doubling, a model of 100,000 tensors made this list
+/// 5.6 MB, and twice that while it grew, of fresh memory to fault in at every load: 26 ms.)
 inline table_vector<wanted_region> regions_read(const metadata& md, const restore_plan& plan) {
   table_vector<wanted_region> out;
   out.reserve(plan.tensors.size());
@@ -114,7 +115,7 @@ inline table_vector<wanted_region> regions_read(const metadata& md, const restor
     if (ref.nbytes() == 0) continue;
     const auto& shard = ref.shard();
     const auto& shape = ref.shape();
-    if (shape.size() > no_offset.size())  // plan_restore matched it to a stored shape, which cannot be
+    if (shape.size() > no_offset.size())  // a guard: plan_restore matched it to a stored shape, which cannot be longer
       throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(shape.size()) + " dimensions");
     const std::span<const std::uint64_t> offset =
         shard && !shard->replicated ? std::span<const std::uint64_t>(shard->offset) : std::span(no_offset).first(shape.size());
@@ -145,7 +146,8 @@ std::uint64_t read_plan_details(const Store& storage, metadata& md, const stored
                                 const tensor_meta* also, Verify& verify, details_prefetch<Store>* prefetch = nullptr) {
   if (md.format_version == 1) return 0;
   auto wanted = regions_read(md, plan);
-  if (also) wanted.push_back({static_cast<std::size_t>(also - md.tensors.data()), {std::span(no_offset).first(also->shape.size()), also->shape}});
+  if (also)
+    wanted.push_back({static_cast<std::size_t>(also - md.tensors.data()), {std::span(no_offset).first(also->shape.size()), also->shape}});
   std::vector<bool> tensors(md.tensors.size(), false);
   for (const auto& w : wanted) tensors[w.tensor] = true;
   const auto files = files_holding(md, wanted);
