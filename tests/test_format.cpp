@@ -428,7 +428,7 @@ TEST_CASE("an empty tensor, one zero-byte chunk from each of two ranks, commits 
   for (auto& t : back.tensors) t.placement.reset();
   back.files = md.files;
   decode_chunk_map(std::as_bytes(std::span(map.data(), map.size())), back, "chunk_map.bin");
-  CHECK(back.tensors[0].placement->chunks.size() == 2);
+  CHECK(back.tensors[0].placement->chunks().size() == 2);
   const std::vector<std::vector<std::byte>> one = {report(0)};
   CHECK(merge_reports("global_step1", 1, {1, 1, 1, 1}, {}, one, 1).tensors.at(0).chunk_count == 1);
 }

@@ -92,7 +92,7 @@ TEST_CASE("layouts: an even split merges into a grid, cell by cell, whatever ord
   map_round_trip(md);
   // Each rank's shard in two chunks: a grid of cells of two pieces.
   md = merge_shards({layout_shard(0, 0, 4, 8, true), layout_shard(1, 4, 4, 8, true)});
-  CHECK(md.tensors[0].placement->pieces.size() == 2);
+  CHECK(md.tensors[0].placement->pieces().size() == 2);
   CHECK(md.tensors[0].chunk_count == 4);
 }
 
@@ -223,23 +223,23 @@ TEST_CASE("layouts: a hostile version-2 chunk map is refused as corrupt, naming 
   CHECK(test::mentions(refused([](auto& l, auto&) { l.runs = {{4, 1, 1}}; }), "beyond the 4 the tag has"));
   CHECK(test::mentions(refused([](auto& l, auto&) { l.runs = {{4, 0, 0x80000000u}}; }), "beyond the 4 the tag has"));
   CHECK(test::mentions(refused([](auto& l, auto&) { l.runs = {{2, 0, 1}, {0, 2, 1}, {2, 2, 1}}; }), "covers no cells"));
-  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces.append(l.pieces, 0); }), "stored twice"));
-  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces.coords[3] = 5; }), "not stored by any shard"));
-  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces.clear(); }), "have no chunks"));
+  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces().append(l.pieces(), 0); }), "stored twice"));
+  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces().coords[3] = 5; }), "not stored by any shard"));
+  CHECK(test::mentions(refused([](auto& l, auto&) { l.pieces().clear(); }), "have no chunks"));
   // Huge counts: a grid of 2^62 cells of one element, all in file 0 (a step-0 run), whose
   // footer would have to list them; and cells times pieces that overflow.
   CHECK(test::mentions(refused([](auto& l, auto& md) {
                          md.tensors[0].shape = {std::uint64_t{1} << 40, 6};
                          md.tensors[0].chunk_count = 0;
                          l.block = {1, 6};
-                         test::set_coords(l.pieces, {0, 0, 1, 6});
+                         test::set_coords(l.pieces(), {0, 0, 1, 6});
                          l.runs = {{std::uint64_t{1} << 40, 0, 0}};
                        }),
                        "more than its 1048576 bytes could list"));
   // A list whose chunks do not tile the tensor, or name a file it does not have.
   auto list = md0;
   list.tensors[0].placement = d::chunk_layout{};
-  auto& c = list.tensors[0].placement->chunks;
+  auto& c = list.tensors[0].placement->chunks();
   c.ndim = 2;
   c.push(0, shape_t{0, 0}, shape_t{8, 6});
   map_round_trip(list);
@@ -289,7 +289,7 @@ TEST_CASE("layouts: a load checks a file's footer against the layout, and counts
   // footer (one chunk) can refuse it, before eight are listed.
   auto e = load_with([](d::chunk_layout& l, d::tensor_meta& t) {
     l.block = {1, 6};
-    test::set_coords(l.pieces, {0, 0, 1, 6});
+    test::set_coords(l.pieces(), {0, 0, 1, 6});
     l.runs.assign(8, d::file_run{1, 0, 0});
     t.chunk_count = 8;
   });
@@ -298,7 +298,7 @@ TEST_CASE("layouts: a load checks a file's footer against the layout, and counts
   // The cell cut in two pieces the footer does not have.
   e = load_with([](d::chunk_layout& l, d::tensor_meta& t) {
     l.block = {8, 6};
-    test::set_coords(l.pieces, {0, 0, 8, 3, 0, 3, 8, 3});
+    test::set_coords(l.pieces(), {0, 0, 8, 3, 0, 3, 8, 3});
     l.runs = {{1, 0, 0}};
     t.chunk_count = 2;
   });

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -538,7 +539,7 @@ class memory_tier {
     return total;
   }
 
-  static std::vector<std::byte> to_bytes(const std::string& s) {
+  static std::vector<std::byte> to_bytes(std::string_view s) {
     const auto* p = reinterpret_cast<const std::byte*>(s.data());
     return {p, p + s.size()};
   }

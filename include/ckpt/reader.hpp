@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -238,7 +239,8 @@ class reader {
     const std::string name = "validation logits";
     const raw codec;
     host_copy host;
-    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load({{&t, &name, &out}}, tag_->md, *tag_->verified, host);
+    const detail::tensor_load one[]{{&t, &name, &out}};
+    (void)detail::chunk_reader<Store, raw>(tag_->storage, codec, 0).load(std::span(one), tag_->md, *tag_->verified, host);
   }
 
   /// The saved bytes of value `name` as rank `rank` saved it, checksum verified.

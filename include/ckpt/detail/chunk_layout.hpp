@@ -44,13 +44,23 @@ struct chunk_layout {
   enum class kind : std::uint8_t { grid = 1, list = 2 };
   kind how = kind::list;
   // grid: `block` is each cell's shape (it divides the tensor's shape in every dimension);
-  // `pieces` are each cell's chunks, their offsets relative to the cell's origin; `runs` give
+  // `pieces()` are each cell's chunks, their offsets relative to the cell's origin; `runs` give
   // the file of every cell, cells in row-major order.
   shape_t block;
-  region_table pieces;  // file unused
   small_vector<file_run, 1> runs;  // one, almost always
-  // list: every chunk's file and region.
-  region_table chunks;
+  // list: `chunks()` are every chunk's file and region.
+  //
+  // One table holds a grid's pieces or a list's chunks (`how` says which): a load keeps a
+  // layout for every tensor, and a second table, always empty, made each record 104 bytes
+  // larger (10 MB of fresh memory to fault in for 100,000 tensors).
+  region_table regions;
+
+  /// A grid's pieces (their files unused).
+  region_table& pieces() noexcept { return regions; }
+  const region_table& pieces() const noexcept { return regions; }
+  /// A list's chunks.
+  region_table& chunks() noexcept { return regions; }
+  const region_table& chunks() const noexcept { return regions; }
 
   /// Cells of a grid (1 for a list); valid once check_layout passed.
   std::uint64_t cells(std::span<const std::uint64_t> shape) const noexcept {
@@ -61,7 +71,7 @@ struct chunk_layout {
   }
   /// Chunks the layout describes; valid once check_layout passed.
   std::uint64_t chunk_count(std::span<const std::uint64_t> shape) const noexcept {
-    return how == kind::grid ? cells(shape) * pieces.size() : chunks.size();
+    return how == kind::grid ? cells(shape) * pieces().size() : chunks().size();
   }
   /// The file of grid cell `k` (row-major), k < cells.
   std::uint32_t file_of_cell(std::uint64_t k) const noexcept {
@@ -114,13 +124,13 @@ template <class F>
 void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape, region dst, F&& f) {
   const std::size_t n = shape.size();
   if (l.how == chunk_layout::kind::list) {
-    for (std::size_t i = 0; i < l.chunks.size(); ++i)
-      if (n == 0 || overlaps({l.chunks.offset(i), l.chunks.shape(i)}, dst))
-        f(l.chunks.file[i], l.chunks.offset(i), l.chunks.shape(i));
+    for (std::size_t i = 0; i < l.chunks().size(); ++i)
+      if (n == 0 || overlaps({l.chunks().offset(i), l.chunks().shape(i)}, dst))
+        f(l.chunks().file[i], l.chunks().offset(i), l.chunks().shape(i));
     return;
   }
   if (n == 0) {  // a scalar: one cell
-    for (std::size_t p = 0; p < l.pieces.size(); ++p) f(l.file_of_cell(0), l.pieces.offset(p), l.pieces.shape(p));
+    for (std::size_t p = 0; p < l.pieces().size(); ++p) f(l.file_of_cell(0), l.pieces().offset(p), l.pieces().shape(p));
     return;
   }
   if (n > max_dims) throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(n) + " dimensions");
@@ -138,8 +148,8 @@ void for_each_chunk(const chunk_layout& l, std::span<const std::uint64_t> shape,
     std::uint64_t cell = 0;
     for (std::size_t d = 0; d < n; ++d) cell = cell * grid[d] + idx[d];
     const auto file = l.file_of_cell(cell);
-    for (std::size_t p = 0; p < l.pieces.size(); ++p) {
-      const auto off = l.pieces.offset(p), shp = l.pieces.shape(p);
+    for (std::size_t p = 0; p < l.pieces().size(); ++p) {
+      const auto off = l.pieces().offset(p), shp = l.pieces().shape(p);
       for (std::size_t d = 0; d < n; ++d) at[d] = idx[d] * l.block[d] + off[d];
       if (overlaps({chunk_at, shp}, dst)) f(file, chunk_at, shp);
     }

@@ -24,6 +24,7 @@
 #include "region.hpp"
 #include "shard_io.hpp"
 #include "staging_buffer.hpp"
+#include "table_memory.hpp"
 
 namespace ckpt::detail {
 
@@ -82,8 +83,7 @@ class chunk_reader {
   /// DevicePolicy's copies never run on two threads at once. With several damaged chunks, the
   /// error reported is the first in-place one, if any.
   template <class Dev, class Verify>
-  std::uint64_t load(const std::vector<tensor_load>& wanted, const metadata& md, Verify& verify_file,
-                     Dev& dev) const {
+  std::uint64_t load(std::span<const tensor_load> wanted, const metadata& md, Verify& verify_file, Dev& dev) const {
     struct chunk_read {
       std::size_t tensor;
       std::size_t chunk;
@@ -92,9 +92,15 @@ class chunk_reader {
       std::uint64_t filled = 0;  // bytes of the tensor it filled
       std::uint64_t read = 0;    // bytes read from storage
     };
-    std::vector<chunk_read> reads;
-    std::vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
-    std::vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
+    // Lists of one entry per chunk or tensor, in table memory and sized up front: for 100,000
+    // tensors, vectors grown by doubling faulted in 10 MB of fresh memory at every load, 34 ms
+    // before the first read (docs/performance.md, "What the investigations found").
+    table_vector<chunk_read> reads;
+    table_vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
+    table_vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
+    reads.reserve(wanted.size());
+    direct.reserve(has_host_view<Dev> ? wanted.size() : 0);
+    dst_offset.reserve(wanted.size());
     for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
     for (std::size_t k = 0; k < wanted.size(); ++k) {
       const auto& s = *wanted[k].stored;
@@ -150,7 +156,8 @@ class chunk_reader {
         std::uint32_t file;
         std::uint64_t offset, end;  // the bytes of the file it covers
       };
-      std::vector<run> runs;
+      table_vector<run> runs;
+      runs.reserve(direct.size());
       constexpr std::uint64_t most = std::uint64_t{4} << 20;
       for (std::size_t k = 0; k < direct.size(); ++k) {
         const auto& r = reads[direct[k]];
@@ -251,7 +258,7 @@ class chunk_reader {
             (void)n, (void)si;  // copied by the worker
           }
         });
-    std::vector<std::uint64_t> filled(wanted.size(), 0);
+    table_vector<std::uint64_t> filled(wanted.size(), 0);
     std::uint64_t bytes_read = 0;
     for (const auto& r : reads) {
       filled[r.tensor] += r.filled;

@@ -222,7 +222,8 @@ void serve_scatter(Comm& comm, const Store& storage, const metadata& md, const r
         buffer.resize(static_cast<std::size_t>(checked_mul(element_count(t.shape, what), size_of(stored.type), what)));
         tensor_ref slice(stored.type, t.shape, buffer.data());
         slice.sharded(shard_spec{.global_shape = stored.shape, .offset = t.offset});
-        (void)chunks.load({{&stored, &stored.name, &slice}}, md, verify_file, host);  // not rank 0's own bytes_read
+        const tensor_load one[]{{&stored, &stored.name, &slice}};
+        (void)chunks.load(std::span(one), md, verify_file, host);  // not rank 0's own bytes_read
         send_status(comm, scatter_ok, r);
         comm.send_host(buffer, r);
       }

@@ -163,9 +163,9 @@ void emit_layout(const chunk_layout& l, std::size_t ndim, Put&& put) {
   put(&kind, 1);
   if (l.how == chunk_layout::kind::grid) {
     put(l.block.data(), ndim * 8);
-    const std::uint64_t pieces = l.pieces.size(), runs = l.runs.size();
+    const std::uint64_t pieces = l.pieces().size(), runs = l.runs.size();
     put(&pieces, 8);
-    if (pieces) put(l.pieces.coords.data(), pieces * 2 * ndim * 8);
+    if (pieces) put(l.pieces().coords.data(), pieces * 2 * ndim * 8);
     put(&runs, 8);
     for (const auto& r : l.runs) {
       put(&r.cells, 8);
@@ -174,11 +174,11 @@ void emit_layout(const chunk_layout& l, std::size_t ndim, Put&& put) {
     }
     return;
   }
-  const std::uint64_t n = l.chunks.size();
+  const std::uint64_t n = l.chunks().size();
   put(&n, 8);
   for (std::size_t i = 0; i < n; ++i) {
-    put(&l.chunks.file[i], 4);
-    if (ndim) put(l.chunks.coords.data() + i * 2 * ndim, 2 * ndim * 8);
+    put(&l.chunks().file[i], 4);
+    if (ndim) put(l.chunks().coords.data() + i * 2 * ndim, 2 * ndim * 8);
   }
 }
 

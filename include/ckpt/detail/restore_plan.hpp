@@ -99,7 +99,7 @@ void agree_on_unexpected(Comm& comm, load_result& result) {
 
 /// What a load reads for this rank, decided (and checked) before any byte is read.
 struct restore_plan {
-  std::vector<tensor_load> tensors;
+  table_vector<tensor_load> tensors;  // one per tensor: table memory (table_memory.hpp)
   std::vector<std::pair<const value_entry*, const value_meta*>> values;  // live value, stored one
 };
 

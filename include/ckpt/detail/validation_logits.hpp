@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -57,7 +58,8 @@ void compare_validation_logits(const metadata& md, const tensor_ref& live, const
   tensor_ref saved_ref(s->type, s->shape, saved.data());
   host_copy host;
   const std::string name = "validation logits";
-  result.bytes_read += chunks.load({{s, &name, &saved_ref}}, md, verify_file, host);
+  const tensor_load one[]{{s, &name, &saved_ref}};
+  result.bytes_read += chunks.load(std::span(one), md, verify_file, host);
   const auto n = live.numel();
   std::uint64_t bad = 0, worst = 0;
   double worst_diff = 0;  // over the failing elements; NaN counts as infinitely far

@@ -51,9 +51,9 @@ void check_async_allowed(const Comm& comm) {
   }
 }
 
-/// Every rank gets rank 0's `s`.
-template <class Comm>
-void broadcast_string(Comm& comm, std::string& s) {
+/// Every rank gets rank 0's `s` (a std::string or a table_string).
+template <class Comm, class String>
+void broadcast_string(Comm& comm, String& s) {
   if (comm.size() == 1) return;
   std::vector<std::byte> b(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
   comm.broadcast(b, 0);

@@ -558,16 +558,16 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
     const auto where = [&](std::uint32_t f) { return md.files[f].path; };
     if (!m.grid) {
       l.how = chunk_layout::kind::list;
-      l.chunks = std::move(m.list);
-      l.chunks.ndim = static_cast<std::uint32_t>(t.shape.size());
-      check_tiling(t.name, t.shape, l.chunks, [&](std::size_t c) { return where(l.chunks.file[c]); },
+      l.chunks() = std::move(m.list);
+      l.chunks().ndim = static_cast<std::uint32_t>(t.shape.size());
+      check_tiling(t.name, t.shape, l.chunks(), [&](std::size_t c) { return where(l.chunks().file[c]); },
                    error_kind::invalid_argument, cannot);
-      t.chunk_count = l.chunks.size();
+      t.chunk_count = l.chunks().size();
       return;
     }
     l.how = chunk_layout::kind::grid;
     l.block = std::move(e.block);  // the merge is the schema's last reader
-    l.pieces = std::move(e.pieces);
+    l.pieces() = std::move(e.pieces);
     const auto n = t.shape.size();
     const auto region_of = [&](std::uint64_t cell) {
       shape_t a(n), b(n);
@@ -606,7 +606,7 @@ CKPT_DECL metadata merge_reports(const std::string& tag, std::uint64_t iteration
       gap(cells.size());  // fewer writers than cells: one is missing
     }
     l.runs = runs_of(file_of_cell);
-    t.chunk_count = m.grid_cells * l.pieces.size();
+    t.chunk_count = m.grid_cells * l.pieces().size();
   };
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<std::size_t>(tensors.size(), 1))));
   auto work = [&] {

@@ -740,7 +740,7 @@ CKPT_DECL void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, 
       l.how = chunk_layout::kind::grid;
       l.block.resize(ndim);
       if (ndim) r.copy(l.block.data(), ndim * 8);
-      coords(l.pieces, r.count(std::max<std::uint64_t>(16 * ndim, 1), "grid piece"), false);
+      coords(l.pieces(), r.count(std::max<std::uint64_t>(16 * ndim, 1), "grid piece"), false);
       l.runs.resize(r.count(16, "file run"));
       for (auto& run : l.runs) {
         run.cells = r.u64();
@@ -749,7 +749,7 @@ CKPT_DECL void decode_chunk_map(std::span<const std::byte> bytes, metadata& md, 
       }
     } else if (kind == static_cast<std::uint8_t>(chunk_layout::kind::list)) {
       l.how = chunk_layout::kind::list;
-      coords(l.chunks, r.count(4 + 16 * ndim, "chunk"), true);
+      coords(l.chunks(), r.count(4 + 16 * ndim, "chunk"), true);
     } else {
       fail("tensor " + printable(t.name) + ": unknown layout kind " + std::to_string(kind));
     }

@@ -70,6 +70,7 @@ CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& inde
     throw error(error_kind::mismatch, msg + " (" + md_name + ")");
   }
   restore_plan plan;
+  plan.tensors.reserve(v.tensors().size());
   for (const auto& t : v.tensors()) {
     const auto* found = index.find_tensor(t.name);
     if (!found) continue;
