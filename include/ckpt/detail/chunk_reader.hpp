@@ -93,7 +93,7 @@ class chunk_reader {
       std::uint64_t read = 0;    // bytes read from storage
     };
     // Lists of one entry per chunk or tensor, in table memory and sized up front: for 100,000
-    // tensors, vectors grown by doubling faulted in 10 MB of fresh memory at every load, 34 ms
+    // tensors, vectors grown by doubling faulted in 10 MB of fresh memory at every load, 35-50 ms
     // before the first read (docs/performance.md, "What the investigations found").
     table_vector<chunk_read> reads;
     table_vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline

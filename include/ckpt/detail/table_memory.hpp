@@ -3,7 +3,7 @@
 // and the large I/O buffers a save's writer and a load's readers fill afresh each time.
 //
 // The tables: a save or a load keeps tables with one entry per tensor. A model of 100,000
-// tensors gives each such table tens of MB (metadata::tensors alone: 56 MB), allocated afresh by
+// tensors gives each such table tens of MB (metadata::tensors alone: 46 MB), allocated afresh by
 // every save and load, and the kernel maps fresh memory one 4 KiB page at a time, on first
 // touch. On a virtual machine each of those page faults can cost tens of microseconds, and
 // filling such a table took longer than parsing the JSON it came from (docs/performance.md,
