@@ -582,10 +582,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "large chunks in place into the caller's tensors, wherever their pages are; a build that read them through "
       "the reader's huge-page buffer instead (and copied) took 0.27-0.32 s against 0.27-0.34 s in alternation, "
       "so the copy does not win here either. Nothing was kept, and what separates ckpt's reads from the verified "
-      "read's was not settled: read in place they land in the caller's pages, the slower case above, and read "
-      "through the reader's huge-page buffer each chunk (placed in the file at its memory's offset in a page, "
-      "not at a 4 MiB boundary) may take two requests where the baseline's aligned pieces take one; that is a "
-      "hypothesis for the next session, not a measurement.\n")
+      "read's was not found: read in place they land in the caller's pages (the slower case above), and read "
+      "through the reader's huge-page buffer they were not faster. Nor is it the extra request a placed chunk "
+      "costs (its 4 MiB and the partial blocks at either end make one request of 4 MiB and one of 4 KiB at this "
+      "disk's 4 MiB limit): the same state saved in chunks of 4 MiB less 4 KiB, so that each placed chunk is one "
+      "request, loaded cold in 0.262-0.285 s against 0.255-0.281 s from 4 MiB chunks (six loads of each, "
+      "alternating, one process).\n")
     w("- **A load's tag opened on a thread of its own while the state is visited: tried and dropped; the plan's "
       "list of regions without copies** (2026-12-06, second night, issue 24 points 1 and 3). A throwaway build that"
       " times a load's phases (three cold loads of the 100,000-tensor checkpoint per process, the page cache "
