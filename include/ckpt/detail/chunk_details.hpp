@@ -36,6 +36,17 @@ struct wanted_region {
 /// have dimensions.
 inline constexpr dims_array no_offset{};
 
+/// Where live tensor `ref` lies in its stored tensor, as a view: its shard's offset, or
+/// `no_offset` when it is whole or replicated (what tensor_ref::global_offset copies).
+inline std::span<const std::uint64_t> offset_in_stored(const tensor_ref& ref) {
+  const auto& shard = ref.shard();
+  if (shard && !shard->replicated) return shard->offset;
+  const auto n = ref.shape().size();
+  if (n > no_offset.size())  // a guard: a load matched it to a stored shape, which cannot be longer
+    throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(n) + " dimensions");
+  return std::span(no_offset).first(n);
+}
+
 /// The files holding chunks that overlap the wanted regions (per file: whether it does).
 inline std::vector<bool> files_holding(const metadata& md, std::span<const wanted_region> wanted) {
   std::vector<bool> used(md.files.size(), false);

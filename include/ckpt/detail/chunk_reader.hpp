@@ -18,6 +18,7 @@
 #include "../names.hpp"
 #include "../tensor.hpp"
 #include "../zstd.hpp"  // ckpt's own codecs: decode_builtin
+#include "chunk_details.hpp"  // offset_in_stored
 #include "hash.hpp"
 #include "metadata.hpp"
 #include "pipeline.hpp"
@@ -97,16 +98,13 @@ class chunk_reader {
     // before the first read (docs/performance.md, "What the investigations found").
     table_vector<chunk_read> reads;
     table_vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
-    table_vector<shape_t> dst_offset;  // each live tensor's offset in the stored one (regions hold spans)
     reads.reserve(wanted.size());
     direct.reserve(has_host_view<Dev> ? wanted.size() : 0);
-    dst_offset.reserve(wanted.size());
-    for (const auto& w : wanted) dst_offset.push_back(w.ref->global_offset());
     for (std::size_t k = 0; k < wanted.size(); ++k) {
       const auto& s = *wanted[k].stored;
       const auto& c = s.chunks;
       const auto& ref = *wanted[k].ref;
-      const region dst{dst_offset[k], ref.shape()};
+      const region dst{offset_in_stored(ref), ref.shape()};
       for (std::size_t i = 0; i < c.size() && ref.nbytes() != 0; ++i) {
         if (c.ndim != 0 && !overlaps({c.offset(i), c.shape(i)}, dst)) continue;
         verify_file(c.file[i]);  // header, trailer and footer index: once per file, before any chunk
@@ -236,7 +234,7 @@ class chunk_reader {
           }
           if constexpr (has_host_view<Dev>) {  // chunks fill disjoint parts of the tensors: copied here, in parallel
             const auto& ref = *wanted[r.tensor].ref;
-            const region src{c.offset(i), c.shape(i)}, dst{dst_offset[r.tensor], ref.shape()};
+            const region src{c.offset(i), c.shape(i)}, dst{offset_in_stored(ref), ref.shape()};
             auto* to = dev.host_view(ref);
             const auto* from = sl.plain.data();
             r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t f, std::uint64_t len) {
@@ -249,7 +247,7 @@ class chunk_reader {
             auto& r = reads[staged[n]];
             const auto& s = *wanted[r.tensor].stored;
             const auto& ref = *wanted[r.tensor].ref;
-            const region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{dst_offset[r.tensor], ref.shape()};
+            const region src{s.chunks.offset(r.chunk), s.chunks.shape(r.chunk)}, dst{offset_in_stored(ref), ref.shape()};
             const auto plain = ring[si].plain;
             r.filled = for_each_overlap_run(src, dst, size_of(s.type), [&](std::uint64_t d, std::uint64_t from, std::uint64_t len) {
               dev.from_host(plain.subspan(from, len), ref, d);

@@ -113,13 +113,7 @@ inline table_vector<wanted_region> regions_read(const metadata& md, const restor
   for (const auto& w : plan.tensors) {
     const auto& ref = *w.ref;
     if (ref.nbytes() == 0) continue;
-    const auto& shard = ref.shard();
-    const auto& shape = ref.shape();
-    if (shape.size() > no_offset.size())  // a guard: plan_restore matched it to a stored shape, which cannot be longer
-      throw error(error_kind::invalid_argument, "a tensor of " + std::to_string(shape.size()) + " dimensions");
-    const std::span<const std::uint64_t> offset =
-        shard && !shard->replicated ? std::span<const std::uint64_t>(shard->offset) : std::span(no_offset).first(shape.size());
-    out.push_back({static_cast<std::size_t>(w.stored - md.tensors.data()), {offset, shape}});
+    out.push_back({static_cast<std::size_t>(w.stored - md.tensors.data()), {offset_in_stored(ref), ref.shape()}});
   }
   return out;
 }
