@@ -2,9 +2,9 @@
 // from arbitrary bytes, written to a file first as load_torch reads files. Refusals are
 // ckpt::errors; nothing may crash, read past the file or allocate more than it holds.
 
-#include <unistd.h>
-
 #include <ckpt/interop/torch.hpp>
+
+#include "input_file.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -14,24 +14,8 @@
 #include <string>
 #include <vector>
 
-namespace {
-// The input's file, one per fuzzing process, removed when the fuzzer exits (libFuzzer ends
-// with exit(), so atexit handlers run): each run used to leave one in /tmp.
-const std::string& input_path() {
-  static const std::string path = "/tmp/ckpt-fuzz-pt-" + std::to_string(::getpid()) + ".pt";
-  // Registered once `path` is made, so it runs before `path` is destroyed.
-  static const bool removed_at_exit = std::atexit([] { std::remove(input_path().c_str()); }) == 0;
-  (void)removed_at_exit;
-  return path;
-}
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string& path = input_path();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string& path = ckpt_fuzz::write_input(data, size);
   ckpt::interop::torch_load_options options{.limits = {.max_depth = 200, .max_objects = 1 << 16, .max_result_bytes = 1 << 24, .max_rank = 64},
                                              .max_pickle_bytes = 1 << 20};
   try {

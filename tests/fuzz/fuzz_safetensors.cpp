@@ -2,22 +2,17 @@
 // header is validated in full, then every tensor it lists is read. Refusals are ckpt::errors;
 // nothing may crash, read past the file or allocate more than the file holds.
 
-#include <unistd.h>
-
 #include <ckpt/interop/safetensors.hpp>
+
+#include "input_file.hpp"
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const std::string path = "/tmp/ckpt-fuzz-st-" + std::to_string(::getpid()) + ".safetensors";
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string& path = ckpt_fuzz::write_input(data, size);
   try {
     ckpt::interop::safetensors_file st(path);
     std::vector<std::byte> buf;
