@@ -701,6 +701,43 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
   CHECK(std::equal(out.begin(), out.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
 }
 
+TEST_CASE("a posix reader's O_DIRECT buffer is kept for the next reader, not mapped afresh at every load") {
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const auto path = dir.path() / "blob";
+  const auto content = write_random_file(path, std::size_t{1} << 20, 15);
+  ckpt::posix disk(dir.path());
+  auto& cache = ckpt::detail::huge_page_cache::process();
+  std::vector<std::byte> out(std::size_t{256} << 10);
+  // Opens a reader, reads with O_DIRECT, closes it; returns the bytes kept while it was open.
+  const auto read_once = [&] {
+    REQUIRE(test::drop_from_cache(path));
+    std::size_t kept_while_open = 0;
+    {
+      const auto r = disk.open_reader("blob");
+      const auto got = record([&] { r.read(4096 + 100, out); });
+      REQUIRE(got.size() == 1);
+      CHECK(got[0].o_direct);
+      CHECK(std::equal(out.begin(), out.end(), content.begin() + 4096 + 100));
+      kept_while_open = cache.kept();
+    }
+    return kept_while_open;
+  };
+  const auto before = cache.kept();
+  const auto while_first = read_once();
+  const auto after_first = cache.kept();
+  if (CKPT_UNDER_ASAN) {  // nothing is kept, so that AddressSanitizer still sees a use after free
+    CHECK(after_first == before);
+    return;
+  }
+  const auto buffer = after_first - while_first;  // the first reader's buffer, given back
+  CHECK(buffer >= (std::size_t{4} << 20));
+  CHECK(buffer % ckpt::detail::huge_page_bytes == 0);
+  // The next reader takes a kept block instead of mapping one, and gives it back.
+  CHECK(read_once() == after_first - buffer);
+  CHECK(cache.kept() == after_first);
+}
+
 namespace {
 /// Flips one bit of the byte at `position` in `file` (a damaged chunk).
 void flip_byte(const std::filesystem::path& file, std::uint64_t position) {

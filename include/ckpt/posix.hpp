@@ -402,7 +402,7 @@ class posix {
     mutable int direct_fd_ = -1;
     mutable void* map_ = nullptr;  // the file mapped for mincore, never touched
     mutable std::size_t map_bytes_ = 0;
-    mutable detail::huge_page_buffer block_;
+    mutable detail::kept_io_buffer block_;
     mutable std::pair<std::uint64_t, std::uint64_t> held_{0, 0};  // the file's bytes in block_ [first, second)
     mutable std::pair<std::uint64_t, std::uint64_t> hint_{0, 0};  // the range will_read announced
     enum class residency : std::uint8_t { unknown, all, not_all };

@@ -21,7 +21,9 @@
 // freed memory back to its host (free page reporting) the next save's or load's tables would be
 // faulted in afresh from the host, where glibc's heap would have given ordinary pages it still
 // held: a process that saves every few minutes found the save's tables slower in huge pages than
-// in those (docs/performance.md, "What the investigations found").
+// in those (docs/performance.md, "What the investigations found"). The O_DIRECT buffers of a
+// posix writer and of a load's readers go there too when freed (kept_io_memory), and come back
+// from it: the same 256 MiB bound holds for both.
 
 #include <algorithm>
 #include <cstddef>
@@ -95,11 +97,11 @@ inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised)
 #define CKPT_UNDER_ASAN 0
 #endif
 
-/// Blocks of whole huge pages that tables freed, kept mapped for the tables that follow: the
-/// oldest go once more than `most_bytes` are kept, and blocks larger than `largest_block` are
-/// not kept at all (those are buffers, not tables). A block is handed out whole or split, its
-/// tail kept. Under AddressSanitizer nothing is kept, so that a table used after it was freed
-/// still faults.
+/// Blocks of whole huge pages that tables and O_DIRECT buffers freed, kept mapped for the tables
+/// and buffers that follow: the oldest go once more than `most_bytes` are kept, and blocks larger
+/// than `largest_block` are not kept at all (a snapshot's buffers, or a table too large to be
+/// worth holding). A block is handed out whole or split, its tail kept. Under AddressSanitizer
+/// nothing is kept, so that memory used after it was freed still faults.
 class huge_page_cache {
  public:
   static constexpr std::size_t most_bytes = std::size_t{256} << 20;
@@ -151,6 +153,14 @@ class huge_page_cache {
 #endif
   }
 
+  /// Unmaps every kept block: what a process does with the memory is its own again.
+  void release() noexcept {
+    const std::lock_guard lock(mutex_);
+    for (const auto& b : blocks_) unmap(b.at, b.bytes);
+    blocks_.clear();
+    kept_ = 0;
+  }
+
   /// Bytes kept now.
   std::size_t kept() const {
     const std::lock_guard lock(mutex_);
@@ -168,6 +178,33 @@ class huge_page_cache {
   std::vector<block> blocks_;  // oldest first
   std::size_t kept_ = 0;
 };
+
+/// Offers a freed I/O buffer to huge_page_cache, and unmaps it where the cache will not keep it:
+/// the deleter of a kept_io_buffer.
+struct kept_io_delete {
+  std::size_t bytes = 0;  // as mapped: whole huge pages
+  void operator()(std::byte* p) const noexcept {
+    try {
+      if (huge_page_cache::process().keep(p, bytes)) return;
+    } catch (...) {  // no room to note it: unmapped instead
+    }
+    huge_page_delete{bytes}(p);
+  }
+};
+/// An O_DIRECT buffer that goes back to huge_page_cache when freed (kept_io_memory).
+using kept_io_buffer = std::unique_ptr<std::byte[], kept_io_delete>;
+
+/// huge_page_memory for the buffers a posix reader or writer fills with O_DIRECT at every load
+/// or save, taken from (and given back to) the blocks huge_page_cache keeps. Mapped afresh at
+/// each use, 16 readers' buffers of 4 MiB cost a load 64 MiB of pages the kernel zeroes inside
+/// the first reads, and as many unmapped at its end, each munmap waiting for the other CPUs to
+/// drop the mapping (docs/performance.md, "What the investigations found"). Under AddressSanitizer
+/// nothing is kept, as for tables.
+inline kept_io_buffer kept_io_memory(std::size_t bytes, std::size_t advised) {
+  const auto whole = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+  if (auto* p = huge_page_cache::process().take(whole)) return kept_io_buffer(p, kept_io_delete{whole});
+  return kept_io_buffer(huge_page_memory(bytes, advised).release(), kept_io_delete{whole});
+}
 
 /// A std::allocator whose blocks of `huge_page_bytes` or more are 2 MiB aligned, rounded up to
 /// whole 2 MiB and mapped with huge_page_memory; smaller blocks come from operator new, aligned

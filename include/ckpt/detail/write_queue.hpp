@@ -61,7 +61,7 @@ class write_queue {
     if (free_.empty() && cut_ < depth_ + std::size_t{1}) {
       const std::size_t stride = (buffer_bytes_ + alignment - 1) / alignment * alignment;  // each buffer aligned
       const std::size_t all = (depth_ + std::size_t{1}) * stride;
-      if (!buffers_) buffers_ = huge_page_memory(all, all);  // virtual until touched, a huge page at a time
+      if (!buffers_) buffers_ = kept_io_memory(all, all);  // virtual until touched, a huge page at a time
       return buffers_.get() + cut_++ * stride;
     }
     idle_.wait(lock, [&] { return !free_.empty() || failure_; });
@@ -192,7 +192,7 @@ class write_queue {
   std::condition_variable work_, idle_;  // jobs queued; a job ended
   std::deque<job> jobs_;
   std::vector<std::thread> threads_;
-  huge_page_buffer buffers_;  // depth_ + 1 buffers of buffer_bytes_, the first cut_ of them in use
+  kept_io_buffer buffers_;  // depth_ + 1 buffers of buffer_bytes_, the first cut_ of them in use
   std::size_t cut_ = 0;
   std::vector<std::byte*> free_;
   unsigned in_flight_ = 0, waiting_ = 0;  // jobs queued or running; threads waiting for one

@@ -456,7 +456,7 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
       use_page_cache();
       return false;
     }
-    block_ = detail::huge_page_memory(block_bytes, direct_read_bytes);
+    block_ = detail::kept_io_memory(block_bytes, direct_read_bytes);
   }
   if (in_place(offset, out) && read_in_place(offset, out)) return true;
   auto at = offset / direct_alignment * direct_alignment;
