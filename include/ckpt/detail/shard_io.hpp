@@ -19,6 +19,7 @@
 #include "pipeline.hpp"
 #include "region.hpp"
 #include "staging_buffer.hpp"
+#include "table_memory.hpp"
 
 namespace ckpt::detail {
 
@@ -336,7 +337,9 @@ std::vector<std::byte> read_value(const S& storage, const std::string& key, cons
 
 /// A shard file's footer index, checked, and where it starts in the file.
 struct footer {
-  std::vector<std::byte> index;
+  // Megabytes for a file of 100,000 tensors, read at every load: in table memory, which a
+  // process's next load finds warm, where a fresh vector's pages were faulted in and zeroed.
+  table_vector<std::byte> index;
   std::uint64_t index_offset = 0;
 };
 
@@ -364,7 +367,7 @@ footer verify_shard_file(const S& storage, const std::string& key, std::uint64_t
   if (t.index_xxh3 != expected_index_xxh3)
     throw error(error_kind::corrupt, name + ": footer index checksum " + to_hex(t.index_xxh3) + " differs from the " +
                                          to_hex(expected_index_xxh3) + " recorded in metadata.json");
-  footer out{std::vector<std::byte>(t.index_size), t.index_offset};
+  footer out{table_vector<std::byte>(t.index_size), t.index_offset};
   storage.read(key, t.index_offset, out.index);
   if (xxh3(out.index) != t.index_xxh3) throw error(error_kind::corrupt, name + ": footer index checksum mismatch");
   // The index's own version follows its endianness byte; parse_index bounds the rest.
