@@ -707,7 +707,7 @@ TEST_CASE("a posix reader's O_DIRECT buffer is kept for the next reader, not map
   const auto path = dir.path() / "blob";
   const auto content = write_random_file(path, std::size_t{1} << 20, 15);
   ckpt::posix disk(dir.path());
-  auto& cache = ckpt::detail::huge_page_cache::process();
+  auto& cache = ckpt::detail::huge_page_cache::io();  // the buffers' own: tables are not pushed out
   std::vector<std::byte> out(std::size_t{256} << 10);
   // Opens a reader, reads with O_DIRECT, closes it; returns the bytes kept while it was open.
   const auto read_once = [&] {

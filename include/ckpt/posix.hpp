@@ -348,10 +348,11 @@ class posix {
     /// The aligned buffer holds the read area, then the two blocks an in-place read brings the
     /// partial pages at either end of `out` into (read_in_place). Its first 4 MiB are 2 MiB
     /// aligned and advised as transparent huge pages: a load of many small chunks has each of
-    /// its workers fill a buffer of its own, afresh at every load, and on a virtual machine
-    /// the kernel's 1,024 page faults per buffer, each zeroing a page the host may have to
-    /// back first, cost more than two huge ones. The blocks past them stay ordinary pages, so
-    /// an in-place read (which touches only those) faults in no huge page.
+    /// its workers fill a buffer of its own, and on a virtual machine the kernel's 1,024 page
+    /// faults per buffer, each zeroing a page the host may have to back first, cost more than
+    /// two huge ones. The blocks past them stay ordinary pages where the buffer is mapped
+    /// afresh, so an in-place read (which touches only those) faults in no huge page. Freed, the
+    /// buffer is kept for the next reader (detail::kept_io_memory).
     static constexpr std::size_t block_bytes = direct_buffer_bytes + 2 * direct_alignment;
     static constexpr std::uint64_t align(std::uint64_t bytes) noexcept {
       return (bytes + direct_alignment - 1) / direct_alignment * direct_alignment;

@@ -1,6 +1,6 @@
 #pragma once
 // Memory in transparent huge pages: the tables a save or a load keeps with one entry per tensor,
-// and the large I/O buffers a save's writer and a load's readers fill afresh each time.
+// and the large I/O buffers a save's writer and a load's readers fill each time.
 //
 // The tables: a save or a load keeps tables with one entry per tensor. A model of 100,000
 // tensors gives each such table tens of MB (metadata::tensors alone: 46 MB), allocated afresh by
@@ -22,8 +22,8 @@
 // faulted in afresh from the host, where glibc's heap would have given ordinary pages it still
 // held: a process that saves every few minutes found the save's tables slower in huge pages than
 // in those (docs/performance.md, "What the investigations found"). The O_DIRECT buffers of a
-// posix writer and of a load's readers go there too when freed (kept_io_memory), and come back
-// from it: the same 256 MiB bound holds for both.
+// posix writer and of a load's readers are kept the same way, in a cache of their own of up to
+// 160 MiB (kept_io_memory), so that they never push out the tables.
 
 #include <algorithm>
 #include <cstddef>
@@ -59,7 +59,7 @@ using huge_page_buffer = std::unique_ptr<std::byte[], huge_page_delete>;
 
 /// `bytes` of memory, 2 MiB aligned, whose first `advised` bytes (rounded down to whole 2 MiB)
 /// the kernel is asked to back with huge pages. For buffers of megabytes that O_DIRECT fills or
-/// drains afresh at every save or load: in ordinary pages, the kernel faults each 4 KiB page in
+/// drains at every save or load: in ordinary pages, the kernel faults each 4 KiB page in
 /// (and zeroes it) inside the first read or write that touches it, one fault per page. Past
 /// `advised`, pages stay ordinary: a buffer's rarely used parts then cost no huge page. Mapped
 /// straight from the kernel, not through malloc, so only the pages used are ever touched (glibc's
@@ -97,20 +97,31 @@ inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised)
 #define CKPT_UNDER_ASAN 0
 #endif
 
-/// Blocks of whole huge pages that tables and O_DIRECT buffers freed, kept mapped for the tables
-/// and buffers that follow: the oldest go once more than `most_bytes` are kept, and blocks larger
-/// than `largest_block` are not kept at all (a snapshot's buffers, or a table too large to be
-/// worth holding). A block is handed out whole or split, its tail kept. Under AddressSanitizer
+/// Blocks of whole huge pages that tables (or, in the io() cache, O_DIRECT buffers) freed, kept
+/// mapped for the ones that follow: the oldest go once more than the bound are kept, and blocks
+/// larger than `largest_block` are not kept at all (a snapshot's buffers, or a table too large
+/// to be worth holding). A block is handed out whole or split, its tail kept. Under AddressSanitizer
 /// nothing is kept, so that memory used after it was freed still faults.
 class huge_page_cache {
  public:
-  static constexpr std::size_t most_bytes = std::size_t{256} << 20;
+  static constexpr std::size_t most_bytes = std::size_t{256} << 20;  // the tables' cache
   static constexpr std::size_t largest_block = std::size_t{64} << 20;
+  /// The O_DIRECT buffers' cache: a load's 16 readers (6 MiB each) and a save's writer (34 MiB).
+  static constexpr std::size_t most_io_bytes = std::size_t{160} << 20;
 
-  /// The one cache of the process. Never destroyed: tables held by static objects may be freed
-  /// after every other static object is gone.
+  explicit huge_page_cache(std::size_t most = most_bytes) noexcept : most_(most) {}
+
+  /// The tables' cache of the process. Never destroyed: tables held by static objects may be
+  /// freed after every other static object is gone.
   static huge_page_cache& process() {
     static auto* cache = new huge_page_cache;
+    return *cache;
+  }
+  /// The O_DIRECT buffers' cache of the process (kept_io_memory): apart from the tables', so
+  /// that buffers never push out the tables a save or load would reuse, which would then be
+  /// faulted in afresh.
+  static huge_page_cache& io() {
+    static auto* cache = new huge_page_cache(most_io_bytes);
     return *cache;
   }
 
@@ -142,7 +153,7 @@ class huge_page_cache {
 #else
     if (bytes > largest_block) return false;
     const std::lock_guard lock(mutex_);
-    while (kept_ + bytes > most_bytes && !blocks_.empty()) {  // the oldest make room
+    while (kept_ + bytes > most_ && !blocks_.empty()) {  // the oldest make room
       unmap(blocks_.front().at, blocks_.front().bytes);
       kept_ -= blocks_.front().bytes;
       blocks_.erase(blocks_.begin());
@@ -174,18 +185,19 @@ class huge_page_cache {
   };
   static void unmap(std::byte* p, std::size_t bytes) noexcept { huge_page_delete{bytes}(p); }
 
+  std::size_t most_;
   mutable std::mutex mutex_;
   std::vector<block> blocks_;  // oldest first
   std::size_t kept_ = 0;
 };
 
-/// Offers a freed I/O buffer to huge_page_cache, and unmaps it where the cache will not keep it:
+/// Offers a freed I/O buffer to huge_page_cache::io(), and unmaps it where it will not keep it:
 /// the deleter of a kept_io_buffer.
 struct kept_io_delete {
   std::size_t bytes = 0;  // as mapped: whole huge pages
   void operator()(std::byte* p) const noexcept {
     try {
-      if (huge_page_cache::process().keep(p, bytes)) return;
+      if (huge_page_cache::io().keep(p, bytes)) return;
     } catch (...) {  // no room to note it: unmapped instead
     }
     huge_page_delete{bytes}(p);
@@ -195,14 +207,14 @@ struct kept_io_delete {
 using kept_io_buffer = std::unique_ptr<std::byte[], kept_io_delete>;
 
 /// huge_page_memory for the buffers a posix reader or writer fills with O_DIRECT at every load
-/// or save, taken from (and given back to) the blocks huge_page_cache keeps. Mapped afresh at
+/// or save, taken from (and given back to) the blocks huge_page_cache::io() keeps. Mapped afresh at
 /// each use, 16 readers' buffers of 4 MiB cost a load 64 MiB of pages the kernel zeroes inside
 /// the first reads, and as many unmapped at its end, each munmap waiting for the other CPUs to
 /// drop the mapping (docs/performance.md, "What the investigations found"). Under AddressSanitizer
 /// nothing is kept, as for tables.
 inline kept_io_buffer kept_io_memory(std::size_t bytes, std::size_t advised) {
   const auto whole = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-  if (auto* p = huge_page_cache::process().take(whole)) return kept_io_buffer(p, kept_io_delete{whole});
+  if (auto* p = huge_page_cache::io().take(whole)) return kept_io_buffer(p, kept_io_delete{whole});
   return kept_io_buffer(huge_page_memory(bytes, advised).release(), kept_io_delete{whole});
 }
 
