@@ -576,7 +576,8 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "alternating, g++ -O2 outside Meson) blocked 0.46-1.16 s in its first invocation, right after the report's "
       "run, and then 0.18-0.21 s against 0.18-0.26 s for the build before, two invocations each. Not explained; "
       "that the buffers now have a cache of their own rules out one way they could have slowed save_async's "
-      "planning (tables pushed out, faulted in afresh).\n")
+      "planning (tables pushed out, faulted in afresh). With it (a06095c), two more invocations of two runs "
+      "alternating with the build before: 0.17-0.30 s blocked against 0.19-0.26 s.\n")
     w("- **A load's lists and texts in table memory, and a smaller record per tensor** (2026-12-07, issue 24 "
       "points 1 and 3). The same throwaway build that times a load's phases, now also at the end of "
       "`chunk_reader::load`'s setup, showed what was left of a load of 100,000 tensors before its first read: "
