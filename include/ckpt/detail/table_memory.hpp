@@ -43,6 +43,11 @@ namespace ckpt::detail {
 /// The size of a transparent huge page on x86-64 (and the alignment asked for here elsewhere).
 inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
+/// `bytes` rounded up to whole huge pages: what huge_page_memory maps for them.
+inline constexpr std::size_t whole_huge_pages(std::size_t bytes) noexcept {
+  return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+}
+
 /// Unmaps a huge_page_buffer (or frees it, where there is no mmap).
 struct huge_page_delete {
   std::size_t bytes = 0;  // as mapped
@@ -67,7 +72,7 @@ using huge_page_buffer = std::unique_ptr<std::byte[], huge_page_delete>;
 inline huge_page_buffer huge_page_memory(std::size_t bytes, std::size_t advised) {
   constexpr auto huge = huge_page_bytes;
 #if defined(__linux__)
-  const auto whole = (bytes + huge - 1) / huge * huge;
+  const auto whole = whole_huge_pages(bytes);
   void* m = ::mmap(nullptr, whole + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) throw std::bad_alloc();
   // Keep the 2 MiB-aligned `whole` bytes inside the mapping; give the rest back.
@@ -164,6 +169,15 @@ class huge_page_cache {
 #endif
   }
 
+  /// Keeps a freed block (keep), or unmaps it where the cache will not or cannot note it.
+  void give_back(std::byte* p, std::size_t bytes) noexcept {
+    try {
+      if (keep(p, bytes)) return;
+    } catch (...) {  // no room to note it: unmapped instead
+    }
+    unmap(p, bytes);
+  }
+
   /// Unmaps every kept block: what a process does with the memory is its own again.
   void release() noexcept {
     const std::lock_guard lock(mutex_);
@@ -195,13 +209,7 @@ class huge_page_cache {
 /// the deleter of a kept_io_buffer.
 struct kept_io_delete {
   std::size_t bytes = 0;  // as mapped: whole huge pages
-  void operator()(std::byte* p) const noexcept {
-    try {
-      if (huge_page_cache::io().keep(p, bytes)) return;
-    } catch (...) {  // no room to note it: unmapped instead
-    }
-    huge_page_delete{bytes}(p);
-  }
+  void operator()(std::byte* p) const noexcept { huge_page_cache::io().give_back(p, bytes); }
 };
 /// An O_DIRECT buffer that goes back to huge_page_cache when freed (kept_io_memory).
 using kept_io_buffer = std::unique_ptr<std::byte[], kept_io_delete>;
@@ -213,7 +221,7 @@ using kept_io_buffer = std::unique_ptr<std::byte[], kept_io_delete>;
 /// drop the mapping (docs/performance.md, "What the investigations found"). Under AddressSanitizer
 /// nothing is kept, as for tables.
 inline kept_io_buffer kept_io_memory(std::size_t bytes, std::size_t advised) {
-  const auto whole = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+  const auto whole = whole_huge_pages(bytes);
   if (auto* p = huge_page_cache::io().take(whole)) return kept_io_buffer(p, kept_io_delete{whole});
   return kept_io_buffer(huge_page_memory(bytes, advised).release(), kept_io_delete{whole});
 }
@@ -236,10 +244,10 @@ struct huge_page_allocator {
   huge_page_allocator(const huge_page_allocator<U, Align, AdviseTail, Kept>&) noexcept {}
 
   T* allocate(std::size_t n) {
-    if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // round_up cannot wrap
+    if (n > (std::size_t(-1) - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();  // whole_huge_pages cannot wrap
     const auto bytes = n * sizeof(T);
     if (bytes < huge_page_bytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{small_align}));
-    const auto whole = round_up(bytes);
+    const auto whole = whole_huge_pages(bytes);
     if constexpr (Kept)
       if (auto* p = huge_page_cache::process().take(whole)) return reinterpret_cast<T*>(p);
     return reinterpret_cast<T*>(huge_page_memory(whole, AdviseTail ? whole : bytes).release());
@@ -251,14 +259,11 @@ struct huge_page_allocator {
       return;
     }
     auto* block = reinterpret_cast<std::byte*>(p);
-    const auto whole = round_up(bytes);
-    if constexpr (Kept) {
-      try {
-        if (huge_page_cache::process().keep(block, whole)) return;
-      } catch (...) {  // no room to note it: unmapped instead
-      }
-    }
-    huge_page_delete{whole}(block);
+    const auto whole = whole_huge_pages(bytes);
+    if constexpr (Kept)
+      huge_page_cache::process().give_back(block, whole);
+    else
+      huge_page_delete{whole}(block);
   }
 
   template <class U>
@@ -268,9 +273,6 @@ struct huge_page_allocator {
 
  private:
   static constexpr std::size_t small_align = std::max(Align, alignof(T));
-  static std::size_t round_up(std::size_t bytes) noexcept {
-    return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-  }
 };
 
 /// The allocator of per-tensor tables: whole blocks advised as huge pages.
