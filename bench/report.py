@@ -1182,6 +1182,13 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
         w("The copies are made back to back, each into memory the one before had just touched; save_async "
           "copies after seconds of compute on other memory. So the table also has the parallel copy made after "
           "the same two seconds of compute, into huge pages last written seconds before (the *cold copy*).\n")
+        if "async_blocked_each_s" in f32:
+            each = {label: d["async_blocked_each_s"] for label, d in (("fp32", f32), ("bf16+Adam", bfa))}
+            w("Each run times three saves, each after its own two seconds of compute and cold copy, and keeps the "
+              "fastest save and the fastest cold copy: at times this VM copies memory left alone for seconds up to "
+              "ten times slower than at others (\"Memory left alone for seconds\", above), and a run's one save "
+              "met such a spell in two of the three runs before. Every save's time blocked, in seconds: "
+              + "; ".join(f"{label} {', '.join(f'{x:.3f}' for x in v)}" for label, v in each.items()) + ".\n")
         w("| workload | memcpy, one thread, s | fastest copy s | cold copy s | save_async blocked s | "
           "blocked / fastest | blocked / memcpy | blocked / cold copy | compute during / alone |")
         w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
