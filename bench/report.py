@@ -539,6 +539,23 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       f"{med(peer['bf16_adam'], 'torch_load_cold_s'):.1f} s from a dropped cache"
       + (", much longer than reading its bytes, so there the ratio is met.\n" if bf16_cold_met else ".\n"))
     w("### What the investigations found\n")
+    w("- **Retention's deletion of the checkpoint before is on the save's critical path: a third of a save on "
+      "this machine** (2026-12-07, issue 24 point 2; measured, not yet changed). A throwaway program saving the "
+      "fp32 state (1 GiB) six times per invocation, `sync` and 3 s before each save, two invocations of each "
+      "alternating: with `keep_last_n = 1` the second to sixth saves took 0.928-1.003 s, keeping every tag "
+      "(`keep_last_n = 0`) 0.591-0.687 s; the first save of each process, which has nothing to delete, 0.67-0.75 "
+      "s either way. `strace -T` of the first: retention's `unlinkat` of the shard file of the tag before took "
+      "0.243-0.264 s, every time. This machine's root file system is ext4 mounted with `discard`, which gives "
+      "the freed blocks back to the virtual disk: `rm` of a 1 GiB file written with O_DIRECT took 0.31-0.44 s, "
+      "of 256 MiB 0.08-0.11 s, about 0.35 s per GiB. The report's save rows do not include it (`save_vs_raw` "
+      "keeps every tag and deletes between writers outside the timing), but a user who keeps the last few "
+      "checkpoints pays it at every save, and on rank 0 alone, which deletes every rank's files one after the "
+      "other: a checkpoint of 1 TiB would hold the save for minutes. Proposed for the next change: rank 0 "
+      "removes each victim's metadata.json while it holds the writer lock, as now (the tag is then uncommitted, "
+      "so `latest`, `tags()` and loads no longer see it, and a crash leaves what `retention_victims` already "
+      "deletes as \"a save that never committed\"), and deletes the rest on a thread of its own, which the next "
+      "save, load or prune, and the destructor, wait for; an error it meets is thrown by the next save, as "
+      "save_async's are.")
     w("- **Memory left alone for seconds: spells in which this VM copies it up to ten times slower** "
       "(2026-12-07, issue 24 point 2). In the report's run of 21ef65c, save_async of the bf16+Adam state blocked "
       "for 1.03 and 0.97 s in two of its three runs (0.25 s in the third). On this session's fresh machine, "
