@@ -206,8 +206,7 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     // others, for seconds, with no page fault or system time in the guest (docs/performance.md,
     // "Memory left alone for seconds"), and one such spell in a run's only save decided it.
     constexpr int saves_per_run = 3;
-    double cold = 0, blocked = 0;
-    std::vector<double> blocked_each, compute_ratio;
+    std::vector<double> cold_each, blocked_each, compute_ratio;
     for (int k = 0; k < saves_per_run; ++k) {
       (void)compute_rate(work, 2.0, always);
       const double cold_k = parallel_copy();
@@ -220,11 +219,12 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
       const double busy_s = since(busy_start);
       h.wait();
       const double idle_after = compute_rate(work, std::max(busy_s, 0.5), always);
-      cold = k == 0 ? cold_k : std::min(cold, cold_k);
-      blocked = k == 0 ? blocked_k : std::min(blocked, blocked_k);
+      cold_each.push_back(cold_k);
       blocked_each.push_back(blocked_k);
       compute_ratio.push_back(busy / ((idle_before + idle_after) / 2));
     }
+    const double cold = *std::min_element(cold_each.begin(), cold_each.end());
+    const double blocked = *std::min_element(blocked_each.begin(), blocked_each.end());
     std::sort(compute_ratio.begin(), compute_ratio.end());
     print("memcpy_s", mc);
     print("fastest_copy_s", fastest);

@@ -211,7 +211,7 @@ struct kept_io_delete {
   std::size_t bytes = 0;  // as mapped: whole huge pages
   void operator()(std::byte* p) const noexcept { huge_page_cache::io().give_back(p, bytes); }
 };
-/// An O_DIRECT buffer that goes back to huge_page_cache when freed (kept_io_memory).
+/// An O_DIRECT buffer that goes back to huge_page_cache::io() when freed (kept_io_memory).
 using kept_io_buffer = std::unique_ptr<std::byte[], kept_io_delete>;
 
 /// huge_page_memory for the buffers a posix reader or writer fills with O_DIRECT at every load
