@@ -7,9 +7,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -34,6 +38,7 @@ TEST_CASE("keep_last_n keeps the newest committed tags") {
   tiny s;
   for (std::uint64_t it = 1; it <= 5; ++it) cp.save(it * 100, s);
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step400", "global_step500"});
+  cp.wait();  // on posix the old tags' files go in the background, after their metadata.json
   CHECK_FALSE(fs::exists(dir.path() / "global_step300"));
   CHECK(cp.latest() == "global_step500");
 }
@@ -52,11 +57,13 @@ TEST_CASE("retention never deletes the tag latest names, nor directories ckpt di
   const auto tags = tag_names(cp);
   CHECK(tags == std::vector<std::string>{"global_step50", "global_step300"});  // newest by iteration + latest
   CHECK(cp.latest() == "global_step50");
+  cp.wait();
   CHECK(fs::exists(dir.path() / "global_step1" / "mine"));
   CHECK(fs::exists(dir.path() / "notes"));
   CHECK(fs::exists(dir.path() / "README"));
   cp.save(400, s);
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step400"});
+  cp.wait();
   CHECK(fs::exists(dir.path() / "global_step1" / "mine"));
 }
 
@@ -74,6 +81,7 @@ TEST_CASE("leftovers of a crashed save are removed by the next save, even with r
   tiny x;
   CHECK_THROWS_AS(cp.load(x, {.tag = "global_step20"}), ckpt::error);
   cp.save(30, s);
+  cp.wait();
   CHECK_FALSE(fs::exists(crashed));
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step10", "global_step30"});
 }
@@ -92,6 +100,7 @@ TEST_CASE("a save killed while writing its marker leaves a directory the next sa
   fs::create_directories(dir.path() / "global_step35");  // killed right after mkdir: empty
   cp.save(20, s);  // the restarted run saves the same tag: not refused
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step10", "global_step20"});
+  cp.wait();
   CHECK_FALSE(fs::exists(dir.path() / "global_step30"));  // cleaned up like any crashed save
   CHECK(fs::exists(dir.path() / "global_step35"));  // empty: may be anyone's, left alone...
   cp.save(35, s);                                    // ...and saved into without complaint
@@ -102,6 +111,7 @@ TEST_CASE("a save killed while writing its marker leaves a directory the next sa
   std::ofstream(dir.path() / "global_step40" / "mine.txt") << "mine";
   CHECK_THROWS_AS(cp.save(40, s), ckpt::error);
   cp.save(50, s);
+  cp.wait();
   CHECK(fs::exists(dir.path() / "global_step40" / "mine.txt"));
 }
 
@@ -208,4 +218,119 @@ TEST_CASE("a writer in another process is detected; wait_for_other_writer waits 
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(patient.latest() == "global_step3");
   for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
+}
+
+// --- retention's deletion in the background -----------------------------------------------------
+
+namespace {
+/// A memory storage whose deletions may run in the background, as posix's do, and whose
+/// `remove_all` (the bulk of deleting a tag) waits at a gate the test opens, or fails while the
+/// test asks it to.
+struct held_removal_storage : test::wrapped_memory_storage {
+  static constexpr bool background_removal = true;
+  struct gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = true;
+    bool timed_out = false;
+    int failures = 0;  // remove_all calls still to fail
+  };
+  std::shared_ptr<gate> g = std::make_shared<gate>();
+
+  void remove_all(std::string_view prefix) {
+    {
+      std::unique_lock lock(g->mu);
+      // A save that waited for the deletion would never return to open the gate: give up after
+      // a while and say so, rather than hang.
+      if (!g->cv.wait_for(lock, std::chrono::seconds(20), [&] { return g->open; })) g->timed_out = true;
+      if (g->failures > 0) {
+        --g->failures;
+        throw ckpt::error(ckpt::error_kind::io, "remove " + describe(prefix) + ": injected fault");
+      }
+    }
+    inner.remove_all(prefix);
+  }
+  void set_open(bool open) {
+    std::lock_guard lock(g->mu);
+    g->open = open;
+    g->cv.notify_all();
+  }
+  bool holds(std::string_view key) const { return inner.size(key).has_value(); }
+};
+}  // namespace
+
+TEST_CASE("a save returns once committed while the old tag's files are deleted in the background") {
+  held_removal_storage store;
+  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
+  tiny s;
+  cp.save(1, s);
+  REQUIRE(store.holds("global_step1/mp_rank_00/model_optim_rng.ckpt"));
+  store.set_open(false);
+  cp.save(2, s);  // returns with the deletion of global_step1 held at the gate
+  // Already uncommitted: neither listed nor loadable, though its shard is still there.
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step2"});
+  CHECK_FALSE(store.holds("global_step1/metadata.json"));
+  CHECK(store.holds("global_step1/mp_rank_00/model_optim_rng.ckpt"));
+  store.set_open(true);
+  cp.wait();
+  CHECK_FALSE(store.g->timed_out);
+  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step2/")));
+  // A load waits for the deletion in flight: it reads from a quiet disk.
+  store.set_open(false);
+  cp.save(3, s);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    store.set_open(true);
+  });
+  tiny x;
+  const auto r = cp.load(x);
+  opener.join();
+  CHECK(r.tag == "global_step3");
+  CHECK_FALSE(store.holds("global_step2/mp_rank_00/model_optim_rng.ckpt"));
+  CHECK_FALSE(store.g->timed_out);
+}
+
+TEST_CASE("a background deletion that fails is reported by the next save after its commit, and finished by it") {
+  held_removal_storage store;
+  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
+  tiny s;
+  cp.save(1, s);
+  store.g->failures = 1;
+  cp.save(2, s);  // global_step1's deletion fails on the background thread
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step2"});
+  try {
+    cp.save(3, s);
+    FAIL("the failed deletion was not reported");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::io);
+    CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+    CHECK(std::string(e.what()).find("global_step1") != std::string::npos);
+  }
+  CHECK(cp.latest() == "global_step3");  // the save itself committed
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step3"});
+  cp.wait();  // global_step1's leftovers (uncommitted, marked) went with global_step2
+  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step3/")));
+
+  // wait() reports it too, once.
+  store.g->failures = 1;
+  cp.save(4, s);
+  CHECK_THROWS_AS(cp.wait(), ckpt::error);
+  cp.wait();
+  cp.save(5, s);  // not thrown again; the leftovers of global_step3 go now
+  cp.wait();
+  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step5/")));
+}
+
+TEST_CASE("prune after a failed background deletion deletes the leftovers and reports only its own errors") {
+  held_removal_storage store;
+  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
+  tiny s;
+  cp.save(1, s);
+  store.g->failures = 1;
+  cp.save(2, s);
+  const auto gone = cp.prune(1);
+  CHECK(gone == std::vector<std::string>{"global_step1"});  // uncommitted leftovers, listed as deleted
+  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step2/")));
+  cp.save(3, s);  // nothing left to report
+  cp.wait();
 }

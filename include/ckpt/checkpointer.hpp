@@ -24,6 +24,7 @@
 
 #include "concepts.hpp"
 #include "config.hpp"
+#include "detail/background_removal.hpp"
 #include "host_copy.hpp"
 #include "options.hpp"
 #include "posix.hpp"
@@ -130,7 +131,8 @@ class checkpointer {
   }
 
   /// Waits for the save_async in flight, if any, and throws its error if no handle's `wait()`
-  /// has. Call it before exiting so the last checkpoint is committed.
+  /// has; then waits for retention's deletion of older tags and throws its error. Call it
+  /// before exiting so the last checkpoint is committed and nothing is left half deleted.
   void wait();
 
   /// Loads a committed checkpoint into `state` (collective: every rank calls it) and returns
@@ -212,7 +214,11 @@ class checkpointer {
   template <class Dev>
   std::optional<detail::written_shard> write_own_shard(const detail::save_plan& plan, std::optional<detail::shard_plan>& own,
                                                        Dev& device);
-  /// Joins the background save, if any; throws its error when `rethrow` and nobody saw it.
+  /// Rank 0, after a commit: deletes what the retention rule names, in the background where
+  /// the Store allows it; throws the error of the deletion the last save left running.
+  void apply_retention(const std::string& saved);
+  /// Joins the background save, if any, and then retention's deletion; throws the save's error
+  /// when `rethrow` and nobody saw it.
   void finish_pending(bool rethrow);
 
   /// Rank 0 resolves the tag and reads its metadata once; every rank decodes and checks it.
@@ -241,6 +247,8 @@ class checkpointer {
   std::unique_ptr<detail::tag_store<Store>> tags_;
   // The save_async in flight: its thread (which uses this object) and its shared state.
   detail::background_save background_;
+  // Rank 0: the deletion the last save's retention left running (Stores with background_removal).
+  detail::background_removal removal_;
   // async saves' copies of the tensors, made by the first and reused
   std::unique_ptr<detail::snapshot_buffers<Device>> snapshot_;
   // should_save: the communicator copy the ranks agree through (made by its first call), and

@@ -151,6 +151,13 @@ namespace detail {
 template <class S>
 concept concurrent_reads = requires { requires S::concurrent_reads; };
 
+/// A Storage whose `list`, `remove` and `remove_all` may run on one thread while another saves
+/// or loads through it declares `static constexpr bool background_removal = true;`: retention
+/// then deletes old tags' files on a thread of its own (detail/background_removal.hpp) after
+/// removing their metadata.json, so that a save returns once it has committed.
+template <class S>
+concept removes_in_background = requires { requires S::background_removal; };
+
 /// A writer (what `create` returns) that can allocate a file's space ahead offers
 /// `reserve(bytes)`: the file will hold at least `bytes`. Saves call it before the first write
 /// when they know the size (raw chunks); posix with O_DIRECT allocates the space in one step.

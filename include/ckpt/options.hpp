@@ -17,7 +17,11 @@ namespace ckpt {
 /// Options fixed for the life of a checkpointer.
 struct checkpointer_options {
   /// After each successful commit keep only the newest N committed tags (0: keep all). The tag
-  /// `latest` names is never deleted, nor any directory ckpt did not write.
+  /// `latest` names is never deleted, nor any directory ckpt did not write. When the save
+  /// returns, the older tags are no longer committed (their metadata.json is gone); on a Storage
+  /// that allows it (posix) their files are deleted on a background thread, which the next
+  /// save, load, prune or `wait()` and the destructor wait for. Such a deletion's error is
+  /// thrown by the next save once it has committed, or by `wait()`.
   std::size_t keep_last_n = 0;
   /// Tensors larger than this are split into chunks of about this size, each with its own
   /// checksum, so a load reads and verifies only the chunks it needs.

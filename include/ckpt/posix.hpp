@@ -102,6 +102,9 @@ class posix {
  public:
   /// `read` is a pread on its own descriptor: loads may read chunks from several threads.
   static constexpr bool concurrent_reads = true;
+  /// `remove` and `remove_all` are unlinks, which touch no state of this object: retention may
+  /// delete old tags in the background while the next save writes.
+  static constexpr bool background_removal = true;
 
   /// Writes one file; see the class comment for the protocol.
   class writer {

@@ -55,6 +55,19 @@ struct tag_bytes {
 /// The tags under one Storage's root (see the file comment). Holds a reference to the
 /// Storage, and on rank 0 what one commit leaves for the next: its chunk tables, the buffer the
 /// chunk map is streamed through, and the root's writer lock.
+/// Deletes the rest of one of ckpt's tag directories, whose metadata.json is gone already, so
+/// that, however it is interrupted, what is left is still recognisably ckpt's and uncommitted:
+/// the marker goes last (a kill in the middle leaves it, and the next save finishes the job), and
+/// an empty directory at worst. Deleting the tree in the file system's order could remove the
+/// marker first and leave files that no later save would touch. Uses nothing but `store`'s
+/// `list`, `remove_all`: retention may run it on a thread of its own.
+template <class Store>
+void remove_uncommitted_tag(Store& store, const std::string& tag) {
+  for (const auto& entry : store.list(tag))
+    if (entry != marker_file) store.remove_all(join_key(tag, entry));
+  store.remove_all(tag);  // the marker, then the directory
+}
+
 template <class Store>
 class tag_store {
  public:
@@ -267,12 +280,23 @@ class tag_store {
 
   /// Deletes what `retention_victims` listed.
   void remove(const std::vector<std::string>& victims) {
+    for (const auto& tag : uncommit(victims)) remove_uncommitted_tag(*storage_, tag);
+  }
+
+  /// The first half of `remove`, quick whatever the tags hold: deletes the temporary `latest`
+  /// files among `victims` and the metadata.json of each tag, and returns the tags, whose files
+  /// `remove_uncommitted_tag` deletes (on another thread, if the Store allows it).
+  std::vector<std::string> uncommit(const std::vector<std::string>& victims) {
+    std::vector<std::string> tags;
     for (const auto& name : victims) {
-      if (is_temporary_latest(name))
+      if (is_temporary_latest(name)) {
         storage_->remove(name);
-      else
-        remove_tag(name);
+      } else {
+        storage_->remove(metadata_key(name));
+        tags.push_back(name);
+      }
     }
+    return tags;
   }
 
   /// Writes ckpt's marker into `tag`: the directory is ckpt's, and committed once metadata.json
@@ -316,16 +340,10 @@ class tag_store {
            std::all_of(entries.begin(), entries.end(), [&](const std::string& e) { return e.starts_with(temp_marker); });
   }
 
-  /// Deletes one of ckpt's tag directories so that, however it is interrupted, what is left is
-  /// still recognisably ckpt's and uncommitted: metadata.json goes first, the marker last (a
-  /// kill in the middle leaves the marker, and the next save finishes the job), and an empty
-  /// directory at worst. Deleting the tree in the file system's order could remove the marker
-  /// first and leave files that no later save would touch.
+  /// Deletes one of ckpt's tag directories: metadata.json first, the marker last.
   void remove_tag(const std::string& tag) {
     storage_->remove(metadata_key(tag));
-    for (const auto& entry : storage_->list(tag))
-      if (entry != marker_file) storage_->remove_all(join_key(tag, entry));
-    storage_->remove_all(tag);  // the marker, then the directory
+    remove_uncommitted_tag(*storage_, tag);
   }
 
   std::string existing_tags_text() const {

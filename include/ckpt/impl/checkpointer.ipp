@@ -231,8 +231,27 @@ void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_pla
     tags_->commit(merged);
   });
   detail::collective(comm, [&] {
-    if (comm.rank() == 0) tags_->remove(tags_->retention_victims(plan.tag, options_.keep_last_n));
+    if (comm.rank() == 0) apply_retention(plan.tag);
   });
+}
+
+template <class Policy, class Store, class Enc, class Device>
+void checkpointer<Policy, Store, Enc, Device>::apply_retention(const std::string& saved) {
+  // The last deletion's error is thrown now that this save has committed: failing the save
+  // before it wrote would stop a run from checkpointing over a cleanup problem. Its leftovers
+  // are uncommitted tags, which retention_victims lists again.
+  const auto earlier = removal_.take_failure();
+  auto victims = tags_->retention_victims(saved, options_.keep_last_n);
+  if constexpr (detail::removes_in_background<Store>) {
+    auto doomed = tags_->uncommit(victims);  // no longer committed once this save returns
+    if (!doomed.empty())
+      removal_.start([store = &storage_, doomed = std::move(doomed)] {
+        for (const auto& tag : doomed) detail::remove_uncommitted_tag(*store, tag);
+      });
+  } else {
+    tags_->remove(victims);
+  }
+  if (earlier) std::rethrow_exception(earlier);
 }
 
 template <class Policy, class Store, class Enc, class Device>
@@ -262,11 +281,13 @@ std::optional<detail::written_shard> checkpointer<Policy, Store, Enc, Device>::w
 template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::finish_pending(bool rethrow) {
   background_.finish(rethrow);
+  removal_.join();  // a load reads from a quiet disk; a prune lists what is really there
 }
 
 template <class Policy, class Store, class Enc, class Device>
 void checkpointer<Policy, Store, Enc, Device>::wait() {
   finish_pending(true);
+  if (const auto failure = removal_.take_failure()) std::rethrow_exception(failure);
 }
 
 template <class Policy, class Store, class Enc, class Device>
@@ -359,6 +380,9 @@ std::vector<std::string> checkpointer<Policy, Store, Enc, Device>::prune(std::si
   if (keep == 0) throw error(error_kind::invalid_argument, "prune: keep must be at least 1");
   finish_pending(true);
   if (dry_run) return tags_->retention_victims("", keep);
+  // A failed background deletion left uncommitted tags, which this prune lists and deletes
+  // again: its own error, if any, is the one to report.
+  (void)removal_.take_failure();
   // Held for this call only when no save of this checkpointer holds it already.
   std::optional<detail::tag_store<Store>> for_this_call;
   auto& store = tags_->holds_writer_lock() ? *tags_ : for_this_call.emplace(storage_);
