@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
     fs::remove(scratch);
     // Recovery: all nodes intact; node 1 wiped; the durable tier, cold.
     durable.save(step, s);
+    durable.wait();  // retention's deletion of the tag before ends here, not inside the timed durable load
     const double from_memory = timed([&] { fast.load(s); });
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 2) fs::remove_all(mem + "/node1");

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
     cp.save(static_cast<std::uint64_t>(r + 1), s);
     MPI_Barrier(MPI_COMM_WORLD);
     save_s.push_back(now() - t0);
+    cp.wait();  // retention's deletion of the tag before, on rank 0's own thread: not in the raw write's way
     if (r % 2 == 1) raw();
   }
   if (rank == 0) {
