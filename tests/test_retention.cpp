@@ -334,3 +334,21 @@ TEST_CASE("prune after a failed background deletion deletes the leftovers and re
   cp.save(3, s);  // nothing left to report
   cp.wait();
 }
+
+TEST_CASE("save_async does not block on the deletion the save before left running; its write waits for it") {
+  held_removal_storage store;
+  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
+  tiny s;
+  cp.save(1, s);
+  store.set_open(false);
+  cp.save(2, s);                      // global_step1's deletion held at the gate
+  auto pending = cp.save_async(3, s);  // returns once snapshotted, the gate still closed
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(store.holds("global_step3/metadata.json"));  // its write waits for the deletion
+  store.set_open(true);
+  pending.wait();
+  cp.wait();
+  CHECK_FALSE(store.g->timed_out);
+  CHECK(tag_names(cp) == std::vector<std::string>{"global_step3"});
+  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step3/")));
+}

@@ -194,6 +194,7 @@ template <class Policy, class Store, class Enc, class Device>
 template <class Dev>
 void checkpointer<Policy, Store, Enc, Device>::write_and_commit(detail::save_plan& plan, Dev& device) {
   auto& comm = policy_.communicator();
+  removal_.join();  // the last retention's deletion, if still running (a save_async's write comes here first)
   detail::collective(comm, [&] {
     if (comm.rank() == 0) tags_->prepare(plan.tag, plan.overwrite);
   });
