@@ -667,24 +667,34 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
   CHECK(got[0].buffer == reinterpret_cast<std::uintptr_t>(aligned_out.data()));
   CHECK(std::equal(aligned_out.begin(), aligned_out.end(), content.begin() + (1 << 20)));
   // A cached range announced as a whole (a run of small chunks, loaded just after the save):
-  // the kernel is asked once which of its pages are cached, not once per piece.
+  // the kernel is asked once which of its pages are cached, not once per piece, and the pieces
+  // come out of one read of the range through the cache (read_batched).
   r.will_read(0, std::uint64_t{2} << 20);
   mincore_calls = 0;
+  std::vector<std::byte> pieces;
   got = record([&] {
-    for (std::uint64_t at = 0; at < (std::uint64_t{2} << 20); at += 32768) r.read(at, aligned_out.first(32768));
+    for (std::uint64_t at = 0; at < (std::uint64_t{2} << 20); at += 32768) {
+      r.read(at, aligned_out.first(32768));
+      pieces.insert(pieces.end(), aligned_out.begin(), aligned_out.begin() + 32768);
+    }
   });
-  CHECK(got.size() == 64);
-  CHECK(std::none_of(got.begin(), got.end(), [](const call& c) { return c.o_direct; }));
-  CHECK(mincore_calls == 1);
-  r.will_read(0, 0);  // nothing announced: the reads below are judged on their own
-
-  // Reads under 64 KiB go through the cache even when the bytes are not in it.
-  REQUIRE(test::drop_from_cache(path));
-  const std::span<std::byte> small(block.start, 60000);
-  got = record([&] { r.read(4096, small); });
   REQUIRE(got.size() == 1);
   CHECK_FALSE(got[0].o_direct);
-  CHECK(std::equal(small.begin(), small.end(), content.begin() + 4096));
+  CHECK(got[0].position == 0);
+  CHECK(got[0].bytes == std::size_t{2} << 20);
+  CHECK(mincore_calls == 1);
+  CHECK(std::equal(pieces.begin(), pieces.end(), content.begin()));
+  r.will_read(0, 0);  // nothing announced: the reads below are judged on their own
+
+  // Reads under 64 KiB go through the cache even when the bytes are not in it (past the 2 MiB
+  // the reader's buffer holds).
+  REQUIRE(test::drop_from_cache(path));
+  const std::span<std::byte> small(block.start, 60000);
+  const std::uint64_t small_at = (std::uint64_t{3} << 20) + 4096;
+  got = record([&] { r.read(small_at, small); });
+  REQUIRE(got.size() == 1);
+  CHECK_FALSE(got[0].o_direct);
+  CHECK(std::equal(small.begin(), small.end(), content.begin() + static_cast<std::ptrdiff_t>(small_at)));
 
   // A file system that refuses the O_DIRECT read: the same bytes through the cache, and every
   // later read of that reader too.
@@ -699,6 +709,65 @@ TEST_CASE("posix reads bytes not in the page cache with O_DIRECT, and cached byt
   CHECK(got[1].position == offset);
   CHECK_FALSE(r2.reads_direct());
   CHECK(std::equal(out.begin(), out.end(), content.begin() + static_cast<std::ptrdiff_t>(offset)));
+}
+
+TEST_CASE("posix reads small pieces of an announced range through the page cache 4 MiB at a time") {
+  test::temp_dir dir;
+  const auto path = dir.path() / "blob";
+  const auto content = write_random_file(path, (std::size_t{9} << 20) + 1000, 15);
+  ckpt::posix disk(dir.path(), {.direct_reads = false});  // as a memory tier's tmpfs, or any file system without O_DIRECT
+  const auto r = disk.open_reader("blob");
+  REQUIRE_FALSE(r.reads_direct());
+  std::vector<std::byte> out(std::size_t{1} << 20);
+  // Pieces of 1-60,000 bytes, one after another, over 9 MiB: three reads of up to 4 MiB, each
+  // from the first piece the last did not hold whole, never past the range.
+  const std::uint64_t from = 100, to = content.size();
+  r.will_read(from, to - from);
+  std::vector<std::byte> got_bytes;
+  std::mt19937 g(3);
+  const auto got = record([&] {
+    for (std::uint64_t at = from; at < to;) {
+      const auto n = std::min<std::uint64_t>(1 + g() % 60000, to - at);
+      r.read(at, std::span(out).first(n));
+      got_bytes.insert(got_bytes.end(), out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
+      at += n;
+    }
+  });
+  REQUIRE(got.size() == 3);
+  CHECK(got[0].position == from);
+  CHECK(got[0].bytes == std::size_t{4} << 20);
+  CHECK(got[1].position > from);  // where the first piece its buffer did not hold starts
+  CHECK(got[1].position <= from + (std::uint64_t{4} << 20));
+  CHECK(got[2].position + got[2].bytes == to);
+  CHECK(std::none_of(got.begin(), got.end(), [&](const call& c) { return c.o_direct || c.buffer == reinterpret_cast<std::uintptr_t>(out.data()); }));
+  REQUIRE(got_bytes.size() == to - from);
+  CHECK(std::equal(got_bytes.begin(), got_bytes.end(), content.begin() + static_cast<std::ptrdiff_t>(from)));
+
+  // A read of 64 KiB or more, or one outside the range, goes straight into the caller's memory.
+  auto direct = record([&] { r.read(200, std::span(out).first(65536)); });
+  REQUIRE(direct.size() == 1);
+  CHECK(direct[0].buffer == reinterpret_cast<std::uintptr_t>(out.data()));
+  r.will_read(0, 0);
+  direct = record([&] { r.read(300, std::span(out).first(100)); });
+  REQUIRE(direct.size() == 1);
+  CHECK(direct[0].buffer == reinterpret_cast<std::uintptr_t>(out.data()));
+  CHECK(std::equal(out.begin(), out.begin() + 100, content.begin() + 300));
+
+  // A range announced past the end of a file cut short: the piece past it is `corrupt`, naming
+  // the file and where it ends; the pieces before it still read.
+  std::filesystem::resize_file(path, 5000);
+  const auto cut = disk.open_reader("blob");
+  cut.will_read(0, 10000);
+  cut.read(0, std::span(out).first(4000));
+  CHECK(std::equal(out.begin(), out.begin() + 4000, content.begin()));
+  try {
+    cut.read(4000, std::span(out).first(2000));
+    FAIL("read past the end");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::error_kind::corrupt);
+    CHECK(std::string(e.what()).find(path.string()) != std::string::npos);
+    CHECK(std::string(e.what()).find("the file ends at 5000") != std::string::npos);
+  }
 }
 
 TEST_CASE("a posix reader's O_DIRECT buffer is kept for the next reader, not mapped afresh at every load") {

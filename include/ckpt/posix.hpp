@@ -376,6 +376,18 @@ class posix {
     /// Copies the held bytes at file offset `offset` into `out`.
     void copy_out(std::uint64_t offset, std::span<std::byte> out) const noexcept;
 
+    /// Reads through the page cache smaller than this, inside a range will_read announced, are
+    /// batched (read_batched), as O_DIRECT's small reads are; batching larger ones gained nothing
+    /// (docs/performance.md, "Small chunks read through the page cache").
+    static constexpr std::size_t batched_max = direct_min;
+    /// Reads `out` at `offset` through the page cache together with what follows it in the
+    /// announced range, up to 4 MiB, into the aligned buffer, and copies it out; later reads in
+    /// those bytes are copied from there. A run of small chunks (a model's biases and norms, or
+    /// the experts of a mixture of experts) read warm or from a file system without O_DIRECT (a
+    /// memory tier's tmpfs) otherwise costs a system call per chunk. Returns false, having read
+    /// nothing, for a read of `batched_max` or more, or one outside an announced range.
+    bool read_batched(std::uint64_t offset, std::span<std::byte> out) const;
+
     /// Smaller reads into aligned memory still go through the aligned buffer, which reads 4 MiB
     /// ahead within an announced range: a disk moves 256 KiB requests at half the speed of 4 MiB
     /// ones (see will_read).

@@ -392,6 +392,7 @@ CKPT_DECL posix::reader::~reader() {
 
 CKPT_DECL void posix::reader::read(std::uint64_t offset, std::span<std::byte> out) const {
   if (direct_ && read_direct(offset, out)) return;
+  if (read_batched(offset, out)) return;
   // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
   // the file offset modulo 4 KiB, as a std::vector's does (detail/page_copy.hpp): such
   // reads are bounced. A short file is reported for the whole range asked for.
@@ -540,6 +541,35 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
     throw truncated(offset, offset + out.size(), first + got);
   if (head > 0) std::memcpy(out.data(), head_block + (direct_alignment - head), head);
   if (tail > 0) std::memcpy(out.data() + head + whole, tail_block, tail);
+  return true;
+}
+
+CKPT_DECL bool posix::reader::read_batched(std::uint64_t offset, std::span<std::byte> out) const {
+  const auto end = offset + out.size();
+  if (out.empty() || out.size() >= batched_max) return false;
+  if (offset >= held_.first && end <= held_.second) {
+    copy_out(offset, out);
+    return true;
+  }
+  // Only inside an announced run, and only when it holds more than this read: a run of small
+  // chunks, read one by one, costs a system call each.
+  if (offset < hint_.first || end > hint_.second || hint_.second - offset <= out.size()) return false;
+  if (!block_) block_ = detail::kept_io_memory(block_bytes, direct_read_bytes);
+  const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(hint_.second - offset, direct_read_bytes));
+  held_ = {0, 0};  // nothing valid in the buffer until the read has ended
+  std::size_t got = 0;
+  while (got < want) {
+    const ssize_t n = ::pread(fd_, block_.get() + got, want - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw detail::posix_error("read", path_.string(), errno);
+    }
+    if (n == 0) break;  // the end of the file
+    got += static_cast<std::size_t>(n);
+  }
+  held_ = {offset, offset + got};
+  if (got < out.size()) throw truncated(offset, end, offset + got);
+  copy_out(offset, out);
   return true;
 }
 
