@@ -299,12 +299,13 @@ class posix {
     void read(std::uint64_t offset, std::span<std::byte> out) const;
 
     /// Says that the next reads cover `bytes` bytes at `offset`, in order (a load reads a chunk
-    /// in pieces of 256 KiB, hashing each while it is in the CPU's cache). With O_DIRECT, the
-    /// reader then reads up to 4 MiB of that range at once and hands the pieces out of its
-    /// buffer: the disk reads large requests at twice the speed of 256 KiB ones (a 2.5 GiB
-    /// state, from a dropped cache, on this project's VM: 4.1 s in 256 KiB reads on two
-    /// threads, 2.3 s in 8 MiB ones on one), and the range keeps it from reading past what
-    /// the load wants.
+    /// in pieces of 256 KiB, hashing each while it is in the CPU's cache, and a run of small
+    /// chunks one after another). With O_DIRECT, the reader then reads up to 4 MiB of that
+    /// range at once and hands the pieces out of its buffer: the disk reads large requests at
+    /// twice the speed of 256 KiB ones (a 2.5 GiB state, from a dropped cache, on this
+    /// project's VM: 4.1 s in 256 KiB reads on two threads, 2.3 s in 8 MiB ones on one), and
+    /// the range keeps it from reading past what the load wants. Through the page cache, reads
+    /// under 64 KiB in the range are batched the same way (read_batched).
     void will_read(std::uint64_t offset, std::uint64_t bytes) const noexcept {
       hint_ = {offset, offset + bytes};
       hint_cached_ = residency::unknown;
