@@ -134,11 +134,6 @@ std::uint64_t page_faults() {
   return static_cast<std::uint64_t>(u.ru_minflt);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void add(state& s, std::string name, std::uint64_t bytes) {
   auto& t = s.tensors.emplace_back();
   t.name = std::move(name);

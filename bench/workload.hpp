@@ -41,6 +41,12 @@ namespace bench {
 using clock_type = std::chrono::steady_clock;
 inline double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
+/// The median of a benchmark's runs (the upper of the two middle values for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 [[noreturn]] inline void die(const std::string& what) {
   std::fprintf(stderr, "bench: %s\n", what.c_str());
   std::exit(1);
