@@ -368,10 +368,10 @@ class posix {
     /// the caller may not write to), reads go through the page cache as without O_DIRECT.
     bool cached(std::uint64_t offset, std::size_t bytes) const;
 
-    /// Reads `out` at `offset` with O_DIRECT, unless its bytes are in the page cache: from the
-    /// aligned buffer where an earlier read already brought them, or by reading into it the
-    /// whole blocks that hold them (and, within the range will_read announced, up to 4 MiB
-    /// ahead), then copying them out. Returns false, having read nothing, when the bytes are
+    /// Reads `out` at `offset` with O_DIRECT, unless its bytes are in the page cache: reads into
+    /// the aligned buffer the whole blocks that hold them (and, within the range will_read
+    /// announced, up to 4 MiB ahead), then copies them out (`read` first copies out what an
+    /// earlier read already brought there). Returns false, having read nothing, when the bytes are
     /// cached or the file system refuses O_DIRECT (which ends direct reading).
     bool read_direct(std::uint64_t offset, std::span<std::byte> out) const;
     /// Copies the held bytes at file offset `offset` into `out`.
@@ -382,8 +382,8 @@ class posix {
     /// (docs/performance.md, "Small chunks read through the page cache").
     static constexpr std::size_t batched_max = direct_min;
     /// Reads `out` at `offset` through the page cache together with what follows it in the
-    /// announced range, up to 4 MiB, into the aligned buffer, and copies it out; later reads in
-    /// those bytes are copied from there. A run of small chunks (a model's biases and norms, or
+    /// announced range, up to 4 MiB, into the aligned buffer, and copies it out; `read` copies
+    /// later reads of those bytes from there. A run of small chunks (a model's biases and norms, or
     /// the experts of a mixture of experts) read warm or from a file system without O_DIRECT (a
     /// memory tier's tmpfs) otherwise costs a system call per chunk. Returns false, having read
     /// nothing, for a read of `batched_max` or more, or one outside an announced range.

@@ -391,6 +391,10 @@ CKPT_DECL posix::reader::~reader() {
 }
 
 CKPT_DECL void posix::reader::read(std::uint64_t offset, std::span<std::byte> out) const {
+  if (!out.empty() && offset >= held_.first && offset + out.size() <= held_.second) {
+    copy_out(offset, out);  // brought into the buffer by an earlier read (read_direct, read_batched)
+    return;
+  }
   if (direct_ && read_direct(offset, out)) return;
   if (read_batched(offset, out)) return;
   // The kernel's copy out of the page cache is 3x slower when the buffer lies just past
@@ -424,10 +428,6 @@ CKPT_DECL bool posix::reader::cached(std::uint64_t offset, std::size_t bytes) co
 CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::byte> out) const {
   if (out.empty()) return false;
   const auto end = offset + out.size();
-  if (offset >= held_.first && end <= held_.second) {
-    copy_out(offset, out);
-    return true;
-  }
   const bool announced = offset >= hint_.first && end <= hint_.second;
   if ((announced ? hint_.second - hint_.first : out.size()) < direct_min) return false;
   if (announced) {
@@ -547,10 +547,6 @@ CKPT_DECL bool posix::reader::read_in_place(std::uint64_t offset, std::span<std:
 CKPT_DECL bool posix::reader::read_batched(std::uint64_t offset, std::span<std::byte> out) const {
   const auto end = offset + out.size();
   if (out.empty() || out.size() >= batched_max) return false;
-  if (offset >= held_.first && end <= held_.second) {
-    copy_out(offset, out);
-    return true;
-  }
   // Only inside an announced run, and only when it holds more than this read: a run of small
   // chunks, read one by one, costs a system call each.
   if (offset < hint_.first || end > hint_.second || hint_.second - offset <= out.size()) return false;
