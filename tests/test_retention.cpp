@@ -256,13 +256,25 @@ struct held_removal_storage : test::wrapped_memory_storage {
     g->cv.notify_all();
   }
   bool holds(std::string_view key) const { return inner.size(key).has_value(); }
+  /// The keys left that are neither `latest` nor under `tag`, one per line: "" once the other
+  /// tags are wholly deleted.
+  std::string strays(const std::string& tag) const {
+    std::string out;
+    for (const auto& k : inner.keys())
+      if (k != "latest" && !k.starts_with(tag + "/")) out += k + "\n";
+    return out;
+  }
 };
-}  // namespace
 
-TEST_CASE("a save returns once committed while the old tag's files are deleted in the background") {
+/// A checkpointer keeping the last tag, on a held_removal_storage.
+struct held_removal_fixture {
   held_removal_storage store;
   ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
   tiny s;
+};
+}  // namespace
+
+TEST_CASE_FIXTURE(held_removal_fixture, "a save returns once committed while the old tag's files are deleted in the background") {
   cp.save(1, s);
   REQUIRE(store.holds("global_step1/mp_rank_00/model_optim_rng.ckpt"));
   store.set_open(false);
@@ -274,7 +286,7 @@ TEST_CASE("a save returns once committed while the old tag's files are deleted i
   store.set_open(true);
   cp.wait();
   CHECK_FALSE(store.g->timed_out);
-  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step2/")));
+  CHECK(store.strays("global_step2") == "");
   // A load waits for the deletion in flight: it reads from a quiet disk.
   store.set_open(false);
   cp.save(3, s);
@@ -290,10 +302,7 @@ TEST_CASE("a save returns once committed while the old tag's files are deleted i
   CHECK_FALSE(store.g->timed_out);
 }
 
-TEST_CASE("a background deletion that fails is reported by the next save after its commit, and finished by it") {
-  held_removal_storage store;
-  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
-  tiny s;
+TEST_CASE_FIXTURE(held_removal_fixture, "a background deletion that fails is reported by the next save after its commit, and finished by it") {
   cp.save(1, s);
   store.g->failures = 1;
   cp.save(2, s);  // global_step1's deletion fails on the background thread
@@ -309,7 +318,7 @@ TEST_CASE("a background deletion that fails is reported by the next save after i
   CHECK(cp.latest() == "global_step3");  // the save itself committed
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step3"});
   cp.wait();  // global_step1's leftovers (uncommitted, marked) went with global_step2
-  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step3/")));
+  CHECK(store.strays("global_step3") == "");
 
   // wait() reports it too, once.
   store.g->failures = 1;
@@ -318,27 +327,21 @@ TEST_CASE("a background deletion that fails is reported by the next save after i
   cp.wait();
   cp.save(5, s);  // not thrown again; the leftovers of global_step3 go now
   cp.wait();
-  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step5/")));
+  CHECK(store.strays("global_step5") == "");
 }
 
-TEST_CASE("prune after a failed background deletion deletes the leftovers and reports only its own errors") {
-  held_removal_storage store;
-  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
-  tiny s;
+TEST_CASE_FIXTURE(held_removal_fixture, "prune after a failed background deletion deletes the leftovers and reports only its own errors") {
   cp.save(1, s);
   store.g->failures = 1;
   cp.save(2, s);
   const auto gone = cp.prune(1);
   CHECK(gone == std::vector<std::string>{"global_step1"});  // uncommitted leftovers, listed as deleted
-  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step2/")));
+  CHECK(store.strays("global_step2") == "");
   cp.save(3, s);  // nothing left to report
   cp.wait();
 }
 
-TEST_CASE("save_async does not block on the deletion the save before left running; its write waits for it") {
-  held_removal_storage store;
-  ckpt::checkpointer<ckpt::single_process, held_removal_storage> cp{{}, store, {.keep_last_n = 1}};
-  tiny s;
+TEST_CASE_FIXTURE(held_removal_fixture, "save_async does not block on the deletion the save before left running; its write waits for it") {
   cp.save(1, s);
   store.set_open(false);
   cp.save(2, s);                      // global_step1's deletion held at the gate
@@ -350,5 +353,5 @@ TEST_CASE("save_async does not block on the deletion the save before left runnin
   cp.wait();
   CHECK_FALSE(store.g->timed_out);
   CHECK(tag_names(cp) == std::vector<std::string>{"global_step3"});
-  for (const auto& k : store.inner.keys()) CHECK((k == "latest" || k.starts_with("global_step3/")));
+  CHECK(store.strays("global_step3") == "");
 }
