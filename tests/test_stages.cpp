@@ -202,21 +202,31 @@ TEST_CASE("restore_plan: one index answers saved(), matching and planning") {
   v.tensor("w", ckpt::view(w.data(), {2, 2}));
   v.tensor("extra", extra);
   ckpt::load_result result;
-  ckpt::detail::match_names(md, index, v, result);
+  const auto matches = ckpt::detail::match_names(md, index, v, result);
   CHECK(result.missing == std::vector<std::string>{"extra"});
   CHECK(result.unexpected == std::vector<std::string>{"b", "seed"});
+  REQUIRE(matches.size() == 2);  // one per live tensor, in the visitor's order
+  CHECK(matches[0] == index.find_tensor("w"));
+  CHECK(matches[1] == nullptr);
   const ckpt::detail::restore_context ctx{0, md.topology, "metadata.json"};
   const auto accepts = [](ckpt::device d) { return d.type == ckpt::device::kind::host; };
-  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v, {.strict = true}, ctx, accepts, result),
+  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v, matches, {.strict = true}, ctx, accepts, result),
                        doctest::Contains("missing from the checkpoint: 'extra'"), ckpt::error);
-  const auto plan = ckpt::detail::plan_restore(md, index, v, {.strict = false}, ctx, accepts, result);
+  const auto plan = ckpt::detail::plan_restore(md, index, v, matches, {.strict = false}, ctx, accepts, result);
   REQUIRE(plan.tensors.size() == 1);
   CHECK(*plan.tensors[0].name == "w");
+  CHECK(plan.tensors[0].stored == matches[0]);
+  CHECK(plan.tensors[0].ref == &v.tensors()[0].ref);
 
   ckpt::visitor v2({}, index);
   v2.tensor("b", b);
-  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v2, {.strict = false}, ctx, accepts, result),
+  ckpt::load_result result2;
+  const auto matches2 = ckpt::detail::match_names(md, index, v2, result2);
+  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v2, matches2, {.strict = false}, ctx, accepts, result),
                        doctest::Contains("tensor 'b': saved i32 [2], live i32 [3]"), ckpt::error);
+  // Matches made for another visitor are refused, not read past.
+  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v2, matches, {.strict = false}, ctx, accepts, result),
+                       doctest::Contains("2 matches for 1 live tensors"), ckpt::error);
 
   // Per-rank values under another topology: refused unless the caller chose what to do.
   std::uint64_t seed = 0;
@@ -224,10 +234,13 @@ TEST_CASE("restore_plan: one index answers saved(), matching and planning") {
   v3.value("seed", seed);
   const ckpt::detail::restore_context wider{0, ckpt::topology{2, 1, 1, 1}, "metadata.json"};
   ckpt::load_result fresh;
-  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v3, {}, wider, accepts, fresh),
+  ckpt::load_result matched3;
+  const auto matches3 = ckpt::detail::match_names(md, index, v3, matched3);
+  CHECK_THROWS_WITH_AS(ckpt::detail::plan_restore(md, index, v3, matches3, {}, wider, accepts, fresh),
                        doctest::Contains("per-rank values (RNG states) cannot be restored"), ckpt::error);
   ckpt::load_result kept;
-  const auto keep = ckpt::detail::plan_restore(md, index, v3, {.on_topology_change = ckpt::topology_change::keep_live}, wider, accepts, kept);
+  const auto keep =
+      ckpt::detail::plan_restore(md, index, v3, matches3, {.on_topology_change = ckpt::topology_change::keep_live}, wider, accepts, kept);
   CHECK(keep.values.empty());
   CHECK(kept.kept_live == std::vector<std::string>{"seed"});
 }

@@ -73,9 +73,15 @@ class stored_index final : public saved_contents {
 /// `ignore` aside).
 CKPT_DECL void check_config(const metadata& md, const config& live, const std::vector<std::string>& ignore, const std::string& md_name);
 
+/// The stored record of each live tensor, in the visitor's order (nullptr: not stored). Found
+/// once, by `match_names`, and taken by `plan_restore`: a second lookup of every name cost a
+/// load of 100,000 tensors a second hash and comparison of each name.
+using stored_matches = table_vector<const tensor_meta*>;
+
 /// Lists live names the checkpoint lacks (missing), stored names the live state lacks
-/// (unexpected) and stored names inside skipped groups (skipped).
-CKPT_DECL void match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result);
+/// (unexpected) and stored names inside skipped groups (skipped); returns what each live
+/// tensor matched.
+CKPT_DECL stored_matches match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result);
 
 /// With pipeline stages each rank holds only some tensors: a stored name is unexpected only
 /// when no rank holds it (collective over `comm`).
@@ -172,10 +178,12 @@ struct restore_context {
 };
 
 /// Checks the live state against the checkpoint and decides what to read: every live tensor
-/// that is stored, and the stored value each live value is restored from. `accepts(where)`
-/// says whether the DevicePolicy can load into a tensor there.
-CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const load_options& opts,
-                                   const restore_context& ctx, const std::function<bool(device)>& accepts, load_result& result);
+/// that is stored (`matches`, what `match_names` found for `v`), and the stored value each live
+/// value is restored from. `accepts(where)` says whether the DevicePolicy can load into a
+/// tensor there.
+CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const stored_matches& matches,
+                                   const load_options& opts, const restore_context& ctx,
+                                   const std::function<bool(device)>& accepts, load_result& result);
 
 }  // namespace ckpt::detail
 

@@ -156,18 +156,19 @@ detail::restore_plan checkpointer<Policy, Store, Enc, Device>::plan_load(detail:
                                                                          const detail::restore_context& ctx, visitor& v,
                                                                          load_result& result) {
   auto& comm = policy_.communicator();
+  detail::stored_matches matches;
   detail::collective(comm, [&] {
     if (opts.config && opts.check_config) detail::check_config(md, *opts.config, opts.ignore_config_keys, ctx.md_name);
     std::vector<std::string> skip = opts.skip_groups;
     if (!opts.load_optimizer) skip.push_back(options_.optimizer_group);
     v = visitor(skip, index);
     state.visit(v);
-    detail::match_names(md, index, v, result);
+    matches = detail::match_names(md, index, v, result);
   });
   detail::agree_on_unexpected(comm, result);
   detail::restore_plan plan;
   const auto accepts = [&](device where) { return device_.accepts(where); };
-  detail::collective(comm, [&] { plan = detail::plan_restore(md, index, v, opts, ctx, accepts, result); });
+  detail::collective(comm, [&] { plan = detail::plan_restore(md, index, v, matches, opts, ctx, accepts, result); });
   return plan;
 }
 

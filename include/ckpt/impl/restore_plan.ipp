@@ -24,11 +24,14 @@ CKPT_DECL void check_config(const metadata& md, const config& live, const std::v
   if (!diffs.empty()) throw error(error_kind::mismatch, "config mismatch in " + md_name + ": " + diffs);
 }
 
-CKPT_DECL void match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result) {
+CKPT_DECL stored_matches match_names(const metadata& md, const stored_index& index, const visitor& v, load_result& result) {
+  stored_matches matches;
+  matches.reserve(v.tensors().size());
   std::unordered_set<std::string_view> live;
   std::size_t found = 0;
   for (const auto& t : v.tensors()) {
-    if (index.find_tensor(t.name)) {
+    matches.push_back(index.find_tensor(t.name));
+    if (matches.back()) {
       found += !t.name.starts_with("__ckpt");  // counted against the stored names classify looks at
     } else {
       result.missing.push_back(t.name);
@@ -58,11 +61,16 @@ CKPT_DECL void match_names(const metadata& md, const stored_index& index, const 
   if (!all_stored_live)
     for (const auto& t : md.tensors) classify(t.name);
   for (const auto& val : md.values) classify(val.name);
+  return matches;
 }
 
-CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const load_options& opts,
-                                   const restore_context& ctx, const std::function<bool(device)>& accepts, load_result& result) {
+CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& index, const visitor& v, const stored_matches& matches,
+                                   const load_options& opts, const restore_context& ctx,
+                                   const std::function<bool(device)>& accepts, load_result& result) {
   const auto& md_name = ctx.md_name;
+  if (matches.size() != v.tensors().size())
+    throw error(error_kind::invalid_argument, "plan_restore: " + std::to_string(matches.size()) + " matches for " +
+                                          std::to_string(v.tensors().size()) + " live tensors (" + md_name + ")");
   if (opts.strict && (!result.missing.empty() || !result.unexpected.empty())) {
     std::string msg = "checkpoint " + md.tag + " does not match the live state";
     if (!result.missing.empty()) msg += "; missing from the checkpoint: " + join(result.missing);
@@ -71,9 +79,10 @@ CKPT_DECL restore_plan plan_restore(const metadata& md, const stored_index& inde
   }
   restore_plan plan;
   plan.tensors.reserve(v.tensors().size());
-  for (const auto& t : v.tensors()) {
-    const auto* found = index.find_tensor(t.name);
+  for (std::size_t i = 0; i < matches.size(); ++i) {
+    const auto* found = matches[i];
     if (!found) continue;
+    const auto& t = v.tensors()[i];
     const auto& s = *found;
     // Layouts first: a column-major tensor's shapes are in memory order, which only make
     // sense to the user reversed (and a square matrix's agree in either order).
