@@ -507,6 +507,7 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     # For a miss against a raw baseline: what the same work reached without ckpt's format, in the
     # same rounds (run by run, from two ratios to ckpt's own time: baseline / ckpt divided by
     # verified / ckpt is baseline / verified), so that a miss can be told from a limit.
+    cold_copy = "the parallel copy of the same state after the same compute loop (memory untouched for seconds)"
     limits = {
         "save / the round's fastest raw O_DIRECT write+fsync, queue depth 1 or fio's 16":
             ("settled_save_vs_best_ratio", "settled_save_vs_verified_ratio", True,
@@ -520,21 +521,21 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
              "a verified read into the same tensors without the format (O_DIRECT at ckpt's depth, copy, hash)"),
         "async save: time blocked / the fastest copy of the state (one thread's memcpy, or split over ckpt's threads)":
             ("async_blocked_ratio", "async_blocked_cold_ratio", False,
-             "the parallel copy of the same state after the same compute loop (memory untouched for seconds)"),
+             cold_copy),
         "the same / one thread's memcpy":
             ("async_blocked_memcpy_ratio", "async_blocked_cold_ratio", False,
-             "the parallel copy of the same state after the same compute loop (memory untouched for seconds)"),
+             cold_copy),
     }
 
     def limit_note(figure, note):
         """For a miss: the limit measured in the same rounds, where there is one."""
-        runs = {"fp32": f32, "bf16+Adam": bfa}.get(note)
-        if figure in limits and (runs is not None or figure.startswith("cold load of the 100,000")):
+        if figure in limits:
             vs_base, vs_limit, higher, what = limits[figure]
-            d = many if runs is None else runs
+            d = {"fp32": f32, "bf16+Adam": bfa}.get(note, many)  # the many-tensor rows are "bf16"
             if vs_base in d and vs_limit in d:
-                # higher-is-better rows are baseline / ckpt; lower-is-better rows ckpt / baseline.
-                limit = statistics.median(b / v if higher else b / v for b, v in zip(d[vs_base], d[vs_limit]))
+                # Either way the quotient is the limit's own ratio to the baseline: (baseline / ckpt) /
+                # (limit / ckpt) for higher-is-better rows, (ckpt / baseline) / (ckpt / limit) for the others.
+                limit = statistics.median(b / v for b, v in zip(d[vs_base], d[vs_limit]))
                 value = statistics.median(d[vs_base])
                 at = value >= limit if higher else value <= limit
                 return (f"; {what} reached {limit:.2f} against the same baseline in the same runs"
