@@ -859,9 +859,10 @@ TEST_CASE("a load from the disk reads each raw chunk with O_DIRECT reads of 4 Mi
   CHECK(test::resident_pages(shard) < 64);
 }
 
-TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk straight into them") {
-  // With O_DIRECT, the disk's transfer can land in the tensor itself when the tensor's memory
-  // and the chunk's file offset are page-aligned: no aligned buffer, no copy. The chunks are
+TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk straight into them, when asked to") {
+  // With O_DIRECT and posix_options::read_in_place, the disk's transfer can land in the tensor
+  // itself when the tensor's memory and the chunk's file offset are page-aligned: no aligned
+  // buffer, no copy. The chunks are
   // then read and hashed in pieces of 4 MiB, and a partial block at a chunk's end comes
   // through the reader's aligned buffer.
   test::temp_dir dir;
@@ -870,7 +871,7 @@ TEST_CASE("a load into page-aligned tensors reads raw chunks from the disk strai
   placed_tensor saved(bytes, 0);
   std::mt19937 rng(16);
   test::fill_bytes(std::span<std::byte>(saved.data, bytes), rng);
-  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};
+  ckpt::checkpointer<> cp{{}, ckpt::posix(dir.path(), {.read_in_place = true}), {.threads = 2}};
   cp.save(1, saved);
   const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
   const auto same = [&](const placed_tensor& t) { return std::equal(t.data, t.data + bytes, saved.data); };
@@ -948,11 +949,61 @@ std::vector<std::uint64_t> first_tensor_chunk_offsets(const std::filesystem::pat
 }
 }  // namespace
 
-TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its whole pages move from disk to tensor (and, when asked, from tensor to disk) with no copy") {
+TEST_CASE("a cold load reads runs of placed chunks through the reader's buffer in windows of 4 MiB, one request each") {
+  // A tensor 64 bytes into its page, saved in placed chunks of 4 MiB (each 64 bytes into a
+  // block): read in place, each chunk would be two requests, its 4 MiB and the block past them.
+  // By default (posix_options::read_in_place off) a worker reads a run of chunks in windows of
+  // 4 MiB one after the other into the reader's buffer, and copies out: with 2 reads in flight
+  // the 20 MiB make runs of at most 10 MiB (an even share per worker): [0, 1], [2, 3], [4, 5].
+  test::temp_dir dir;
+  if (!test::o_direct_testable(dir)) return;
+  const std::size_t mib = std::size_t{1} << 20, bytes = 20 * mib + 1000;  // chunks of 4 MiB, and one of 1000 bytes
+  placed_tensor saved(bytes, 64), back(bytes, 64);
+  std::mt19937 rng(41);
+  test::fill_bytes(std::span<std::byte>(saved.data, bytes), rng);
+  ckpt::checkpointer<> cp{{}, ckpt::posix(dir.path(), {.reads_in_flight = 2}), {.threads = 2}};
+  cp.save(1, saved);
+  const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
+  const auto offsets = first_tensor_chunk_offsets(shard);
+  REQUIRE(offsets.size() == 6);
+  CHECK(offsets[0] == 4096 + 64);
+  REQUIRE(test::drop_from_cache(shard));
+  const auto got = record([&] { cp.load(back); });
+  CHECK(std::equal(back.data, back.data + bytes, saved.data));
+  std::vector<call> direct;
+  for (const auto& c : got) {
+    CHECK((c.buffer + c.bytes <= reinterpret_cast<std::uintptr_t>(back.data) ||
+           c.buffer >= reinterpret_cast<std::uintptr_t>(back.data) + bytes));  // never into the tensor
+    if (c.o_direct) direct.push_back(c);
+  }
+  direct = by_position(direct);
+  // Each run: 4 MiB windows from the block that holds its first byte, then the block that holds
+  // its last, from which the next run starts where the same worker reads it (so 7 or 8 requests,
+  // depending on which worker reads which run).
+  const std::uint64_t first = 4096, end = (offsets[5] + 1000 + 4095) / 4096 * 4096;
+  std::size_t whole = 0;
+  std::uint64_t covered = first;
+  for (const auto& c : direct) {
+    CAPTURE(c.position);
+    CHECK(c.position % 4096 == 0);
+    CHECK(c.bytes % 4096 == 0);
+    CHECK(c.bytes <= 4 * mib);
+    CHECK(c.position <= covered);  // no byte skipped
+    covered = std::max<std::uint64_t>(covered, c.position + c.bytes);
+    if (c.bytes == 4 * mib) ++whole;
+  }
+  CHECK(covered == end);
+  CHECK(whole == 5);
+  CHECK(direct.size() >= 6);
+  CHECK(direct.size() <= 8);  // read in place: 11 (two per placed chunk, and the last one)
+}
+
+TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and, when asked, its whole pages move from disk to tensor and from tensor to disk with no copy") {
   // O_DIRECT moves page-aligned memory at block-aligned file offsets only. PyTorch's tensors
   // (and this one) start 64 bytes into a page: a save (place_for_memory, the default) places each
   // large raw chunk 64 bytes into a block, and a load into memory that lies the same way reads its whole pages straight into
-  // it; only the partial pages at a chunk's ends come through the reader's aligned buffer. The
+  // it where posix_options::read_in_place asks for that; only the partial pages at a chunk's
+  // ends come through the reader's aligned buffer. The
   // save copies the tensor into its buffers, unless posix_options::write_unaligned_in_place says
   // to write the whole pages from the tensor itself: the same file either way.
   test::temp_dir dir;
@@ -978,7 +1029,7 @@ TEST_CASE("a tensor 64 bytes into its page is saved as far into a block, and its
       }
     return n;
   };
-  ckpt::checkpointer<> cp{{}, dir.path(), {.threads = 2}};  // placed by default
+  ckpt::checkpointer<> cp{{}, ckpt::posix(dir.path(), {.read_in_place = true}), {.threads = 2}};  // placed by default
   auto writes = record([&] { cp.save(1, saved); });
   const auto shard = dir.path() / "global_step1/mp_rank_00/model_optim_rng.ckpt";
   const auto offsets = first_tensor_chunk_offsets(shard);
@@ -1083,8 +1134,8 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
   // are needed in part, so each is read whole into a load buffer, verified there, and its rows
   // copied out. Those buffers lie as far into a page as the chunk into its block in the file
   // (the save placed it as far into a block as the tensor lay into its page), so the disk fills
-  // them without the reader's aligned buffer and its copy: one read of 4 MiB each, not 16 of
-  // 256 KiB. The tensors are page-aligned, or 64 bytes into a page at save and at load, as
+  // them without the reader's aligned buffer and its copy where posix_options::read_in_place asks
+  // for that: one read of 4 MiB each, not 16 of 256 KiB. The tensors are page-aligned, or 64 bytes into a page at save and at load, as
   // PyTorch's are (placed for their memory, as saves are by default).
   for (const std::size_t shift : {std::size_t{0}, std::size_t{64}}) {
     CAPTURE(shift);
@@ -1095,7 +1146,7 @@ TEST_CASE("a resharded load reads the chunks it needs only in part into load buf
     std::mt19937 rng(18);
     test::fill_bytes(std::span<std::byte>(whole.start + shift, rows * row_bytes), rng);
     whole_tensor saved{whole.start + shift};
-    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path()), {.threads = 2}};
+    ckpt::checkpointer<ckpt::single_process, logging_posix> cp{{}, logging_posix(dir.path(), {.read_in_place = true}), {.threads = 2}};
     cp.save(1, saved);
     const std::uint64_t first = 512, count = 2048;
     test::page_block block(count * row_bytes + 4096);
@@ -1134,7 +1185,7 @@ TEST_CASE("posix's reader reads in place only memory as far into its page as the
   const auto path = dir.path() / "blob";
   const auto content = write_random_file(path, (std::size_t{3} << 20) + 4096 + 500, 17);
   REQUIRE(test::drop_from_cache(path));
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.read_in_place = true});
   const auto r = disk.open_reader("blob");
   test::page_block block(std::size_t{4} << 20);
   const std::size_t mib = std::size_t{1} << 20;
@@ -1214,7 +1265,7 @@ TEST_CASE("posix's reader keeps the bytes it read ahead while it reads in place,
   const auto path = dir.path() / "blob";
   const auto content = write_random_file(path, 8 * mib, 29);
   REQUIRE(test::drop_from_cache(path));
-  ckpt::posix disk(dir.path());
+  ckpt::posix disk(dir.path(), {.read_in_place = true});
   const auto r = disk.open_reader("blob");
   std::vector<std::byte> piece(64 * 1024);
   r.will_read(0, 6 * mib);

@@ -62,11 +62,20 @@ struct posix_options {
   /// through the page cache first allocates a page for every 4 KiB and then copies it. On
   /// this project's VM, `dd` read 2.5 GiB from a dropped cache in 8.3-8.9 s through the page
   /// cache and in 3.2-5.7 s with O_DIRECT. Bytes already cached are read from the cache.
-  /// Chunks bound for memory as far into its page as the chunk lies into its 4 KiB block in the
-  /// file (a tensor that starts at a page, a load's own buffers, and a 64-byte aligned tensor
-  /// loaded into memory that lies as the saved one did: a save places large chunks so) are read
-  /// straight into it; others through an aligned buffer and one copy.
+  /// The bytes come into the reader's aligned buffer (in huge pages) in windows of 4 MiB, one
+  /// request each, and are copied out (read_in_place reads some straight into the caller's memory).
   bool direct_reads = true;
+  /// With O_DIRECT, read chunks of 1 MiB or more straight into the caller's memory where it
+  /// lies as far into its page as the chunk into its 4 KiB block in the file (a tensor that
+  /// starts at a page, a load's own buffers, a 64-byte aligned tensor loaded into memory that
+  /// lies as the saved one did: a save places large chunks so), with no copy; the partial pages
+  /// at either end still come through the reader's buffer. Off by default: a request into memory
+  /// in 4 KiB pages carries at most `max_segments` runs of physically contiguous memory (254 on
+  /// this project's VM), so the disk received a tensor's chunks as requests of 1-4 MiB, two for a
+  /// 4 MiB chunk with its partial blocks, and cold loads took longer than through the buffer's
+  /// windows (docs/performance.md, "Cold loads through the reader's buffer, in windows of
+  /// 4 MiB"). Worth trying where the memory is in huge pages and the CPU bounds a load.
+  bool read_in_place = false;
   /// With O_DIRECT, also write from where they are the whole pages of memory that is not
   /// page-aligned, where the file position lies as far into its block as the bytes into their
   /// page (a large raw chunk, placed so by the save), copying only the partial pages at either
@@ -278,7 +287,8 @@ class posix {
   /// serves one thread at a time; several readers of one file may read at once.
   class reader {
    public:
-    reader(int fd, std::filesystem::path p, bool direct = false) noexcept : fd_(fd), path_(std::move(p)), direct_(direct) {
+    reader(int fd, std::filesystem::path p, bool direct = false, bool in_place = false) noexcept
+        : fd_(fd), path_(std::move(p)), direct_(direct), in_place_(in_place) {
       // No readahead on the descriptor that reads through the page cache while bytes not
       // cached come with O_DIRECT: what the kernel read ahead after a shard file's header would
       // be cached by the time the first chunks are asked for, each read of those through the
@@ -300,8 +310,9 @@ class posix {
 
     /// Says that the next reads cover `bytes` bytes at `offset`, in order (a load reads a chunk
     /// in pieces of 256 KiB, hashing each while it is in the CPU's cache, and a run of small
-    /// chunks one after another). With O_DIRECT, the reader then reads up to 4 MiB of that
-    /// range at once and hands the pieces out of its buffer: the disk reads large requests at
+    /// chunks one after another). With O_DIRECT, the reader then reads that range in windows of
+    /// 4 MiB, each from the block where the last one ended, one request each, and hands the
+    /// pieces out of its buffer: the disk reads large requests at
     /// twice the speed of 256 KiB ones (a 2.5 GiB state, from a dropped cache, on this
     /// project's VM: 4.1 s in 256 KiB reads on two threads, 2.3 s in 8 MiB ones on one), and
     /// the range keeps it from reading past what the load wants. Through the page cache, reads
@@ -316,7 +327,8 @@ class posix {
     bool reads_direct() const noexcept { return direct_; }
 
     /// True when `read(offset, out)` will move the bytes from the disk straight into `out`, with
-    /// no copy (concepts.hpp, reads_in_place): O_DIRECT reads, `out` of 1 MiB or more, as many
+    /// no copy (concepts.hpp, reads_in_place): posix_options::read_in_place (off by default),
+    /// O_DIRECT reads, `out` of 1 MiB or more, as many
     /// bytes into its memory page as `offset` is into its 4 KiB block, and the bytes not in the
     /// page cache. O_DIRECT needs page-aligned memory at block-aligned offsets: the whole pages
     /// of `out` are read straight into it, the partial pages at its ends through the reader's
@@ -415,7 +427,7 @@ class posix {
     std::filesystem::path path_;
     // O_DIRECT reads: set up on first use, so a reader of headers and footers costs nothing more.
     mutable bool direct_ = false;
-    mutable bool in_place_ = true;  // false once the kernel refused O_DIRECT into the caller's memory
+    mutable bool in_place_ = false;  // posix_options::read_in_place; false once the kernel refused O_DIRECT into the caller's memory
     mutable int direct_fd_ = -1;
     mutable void* map_ = nullptr;  // the file mapped for mincore, never touched
     mutable std::size_t map_bytes_ = 0;

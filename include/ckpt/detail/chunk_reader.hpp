@@ -75,7 +75,9 @@ class chunk_reader {
   /// Fills every live tensor (a slice of its stored tensor) from the chunks that overlap it.
   ///
   /// Raw chunks that land in a host tensor as one contiguous run (what a load at the saved
-  /// layout mostly reads) are read straight into it and verified there, by every worker at
+  /// layout mostly reads) are read into it (through the reader's buffer, or straight from the
+  /// disk where the reader reads in place) and verified there, in runs of chunks that follow
+  /// each other in their file, by every worker at
   /// once in no particular order (so `dev.host_view`, which only returns the tensor's
   /// pointer, is called from several threads). The other chunks are items of run_pipeline:
   /// workers read, verify and decode them in parallel (when the Storage allows concurrent
@@ -156,19 +158,27 @@ class chunk_reader {
       };
       table_vector<run> runs;
       runs.reserve(direct.size());
-      constexpr std::uint64_t most = std::uint64_t{4} << 20;
+      // A run holds up to 4 MiB, or more where the load reads more than that per worker: the
+      // reader reads a run in windows of 4 MiB one after the other, one request each, where runs
+      // of a chunk each sent a placed 4 MiB chunk to the disk as two requests (its 4 MiB and the
+      // block past them). Up to 16 MiB, and no more than an even share of the bytes per worker,
+      // so that every worker has runs to read.
+      std::uint64_t direct_bytes = 0;
+      for (const auto k : direct) direct_bytes += wanted[reads[k].tensor].stored->chunks.stored_size[reads[k].chunk];
+      const std::uint64_t most = std::clamp(direct_bytes / readers, std::uint64_t{4} << 20, std::uint64_t{16} << 20);
       for (std::size_t k = 0; k < direct.size(); ++k) {
         const auto& r = reads[direct[k]];
         const auto& c = wanted[r.tensor].stored->chunks;
         const std::uint32_t file = c.file[r.chunk];
         const std::uint64_t offset = c.file_offset[r.chunk], end = offset + c.stored_size[r.chunk];
-        // Next in the file: right after the run (packed, shard-file version 2) or at the next
-        // block boundary (after padding). Not anywhere else before that boundary, where the bytes
-        // between could be several small chunks this load does not want; the boundary itself
-        // costs at most 4 KiB read ahead of a large chunk (each chunk is still read and verified
-        // at its own offset).
-        if (!runs.empty() && runs.back().file == file &&
-            (offset == runs.back().end || offset == align_up(runs.back().end)) && end - runs.back().offset <= most)
+        // Next in the file: right after the run (packed, shard-file version 2), at the next
+        // block boundary (after padding), or placed (format.hpp, chunk_start) as far into the
+        // block where the run ends, or the one after it, as its memory lay into its page. Not
+        // further, where the bytes between could be several small chunks this load does not
+        // want; what lies between costs at most two blocks read ahead (each chunk is still read
+        // and verified at its own offset).
+        if (!runs.empty() && runs.back().file == file && offset >= runs.back().end &&
+            offset < align_up(runs.back().end) + alignment && end - runs.back().offset <= most)
           runs.back().last = k + 1, runs.back().end = end;
         else
           runs.push_back({k, k + 1, file, offset, end});
@@ -192,7 +202,8 @@ class chunk_reader {
 
     struct slot {
       // Pinned memory when the DevicePolicy lends it; otherwise page-aligned, so that a chunk
-      // read whole (resharded, or encoded) comes from the disk straight into it (reads_in_place).
+      // read whole (resharded, or encoded) can come from the disk straight into it, where the
+      // reader reads in place (reads_in_place; posix_options::read_in_place).
       staging_buffer<Dev, 4096> buffer;
       std::vector<std::byte> decoded;
       std::span<const std::byte> plain;

@@ -38,7 +38,7 @@ struct aligned_allocator {
 /// A resizable host buffer that borrows from `D` when it can. Contents are not kept across a
 /// resize. Only `resize` borrows, so callers size buffers on the thread that calls the policy.
 /// `Align`: the alignment of the buffer when it is not lent (a load's buffers are page-aligned,
-/// so that posix's O_DIRECT reads fill them without a copy: posix::reader::reads_in_place).
+/// so that posix's O_DIRECT reads can fill them without a copy: posix::reader::reads_in_place).
 /// `HugePages`: whether a buffer of 2 MiB or more that is not lent lies in transparent huge pages
 /// (huge_page_allocator), for buffers kept from one use to the next: copied into after seconds
 /// untouched, as an async save's snapshot is, ordinary pages cost a page-table walk per 4 KiB.

@@ -328,7 +328,7 @@ CKPT_DECL posix::reader posix::open_reader(std::string_view key) const {
     if (err == ENOENT) throw error(error_kind::not_found, "no such file: " + p.string());
     throw detail::posix_error("open", p.string(), err);
   }
-  return reader(fd, std::move(p), options_.direct_reads);
+  return reader(fd, std::move(p), options_.direct_reads, options_.read_in_place);
 }
 
 CKPT_DECL void posix::read(std::string_view key, std::uint64_t offset, std::span<std::byte> out) const {
@@ -391,9 +391,18 @@ CKPT_DECL posix::reader::~reader() {
 }
 
 CKPT_DECL void posix::reader::read(std::uint64_t offset, std::span<std::byte> out) const {
-  if (!out.empty() && offset >= held_.first && offset + out.size() <= held_.second) {
-    copy_out(offset, out);  // brought into the buffer by an earlier read (read_direct, read_batched)
-    return;
+  const bool announced = offset >= hint_.first && offset + out.size() <= hint_.second;
+  if (!out.empty() && offset >= held_.first && offset < held_.second &&
+      (announced || offset + out.size() <= held_.second)) {
+    // Brought into the buffer by an earlier read (read_direct, read_batched): copied out. In an
+    // announced range, what lies past the buffer's bytes is then read from their end on (the
+    // next window); elsewhere a read the buffer holds only in part is read whole, as it would
+    // be without the buffer (a small rest would go through the page cache).
+    const auto held = static_cast<std::size_t>(std::min<std::uint64_t>(held_.second - offset, out.size()));
+    copy_out(offset, out.first(held));
+    if (held == out.size()) return;
+    offset += held;
+    out = out.subspan(held);
   }
   if (direct_ && read_direct(offset, out)) return;
   if (read_batched(offset, out)) return;
@@ -463,9 +472,11 @@ CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::b
   auto at = offset / direct_alignment * direct_alignment;
   for (bool first = true; at < end; first = false) {  // one read, unless `out` is over 4 MiB
     const auto until = announced ? hint_.second : end;  // read ahead only in the announced range
-    // 4 MiB of the bytes wanted, and the partial block before them; so reads of a chunk in
-    // pieces that divide 4 MiB start each read where the last one ended.
-    const auto want = std::min(align(std::max(offset, at) - at + direct_read_bytes), align(until - at));
+    // 4 MiB from the block that holds the first byte wanted: one request of the disk's largest
+    // size (max_sectors_kb), where 4 MiB and the partial block before them made two. `read`
+    // copies out what a window holds of the next read and reads the rest from the window's end,
+    // so a run read in pieces is read in windows one after the other.
+    const auto want = std::min<std::uint64_t>(direct_read_bytes, align(until - at));
     std::size_t got = 0;  // fewer than `want` only at the end of the file
     while (got < want) {
       const ssize_t n = ::pread(direct_fd_, block_.get() + got, want - got, static_cast<off_t>(at + got));
