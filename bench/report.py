@@ -351,7 +351,7 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     ] + ([
         *both("cold load / a verified read without the format: O_DIRECT at ckpt's depth, copy and hash",
               "", 0.95, "settled_load_vs_verified_ratio"),
-        *both("cold load into page-aligned tensors (no copy) / the round's fastest raw read",
+        *both("cold load into page-aligned tensors / the round's fastest raw read",
               "", 0.95, "settled_load_paged_vs_best_ratio"),
     ] if bounds else []) + [
         *both("load / raw read, warm", "≥ 0.90", 0.90, "load_warm_ratio"),
@@ -426,7 +426,7 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
                   "the same, against a raw O_DIRECT write+fsync (the technique without the checkpoint)",
                   "the same, against a raw O_DIRECT read",
                   "cold load / a verified read without the format: O_DIRECT at ckpt's depth, copy and hash",
-                  "cold load into page-aligned tensors (no copy) / the round's fastest raw read",
+                  "cold load into page-aligned tensors / the round's fastest raw read",
                   "save / a verified write without the format: copy, hash, O_DIRECT at ckpt's depth",
                   "save of page-aligned tensors (no copy) / the round's fastest raw write",
                   "the most any writer could reach there: torch.save+fsync / fio's write of the same bytes",
@@ -1257,8 +1257,9 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
           "(`raw_write_verified`, `raw_read_verified` in bench/workload.hpp). The workload's tensors are 64-byte "
           "aligned, as PyTorch's are, and O_DIRECT moves only aligned memory, so every byte is copied once; fio "
           "copies and hashes nothing. *Page-aligned*: ckpt's save and load of the same tensors placed at the start "
-          "of a page (pinned host memory, a page or huge-page allocator), which `ckpt::posix` writes from and reads "
-          "into without the copy (`posix::reader::reads_in_place`). Medians of the same rounds, in seconds.\n")
+          "of a page (pinned host memory, a page or huge-page allocator), which `ckpt::posix` writes from without "
+          "the copy, and reads into through its buffer like any other memory unless `posix_options::read_in_place` "
+          "asks otherwise (since 2026-12-07; before, straight into them). Medians of the same rounds, in seconds.\n")
         w("| workload | verified write, no format | save / that | ckpt save, page-aligned | that / fastest write | "
           "verified read, no format | load / that | ckpt load, page-aligned | that / fastest read |")
         w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

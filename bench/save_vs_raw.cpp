@@ -20,7 +20,8 @@
 // a verified save or load of the same 64-byte aligned tensors must do without ckpt's format
 // (O_DIRECT at ckpt's depth, a copy between the tensors and aligned buffers, a hash of every
 // byte: `verified_w`, `verified_r`), and ckpt's save and load of page-aligned tensors, which
-// O_DIRECT moves without the copy (`paged_w`, `paged_r`).
+// O_DIRECT writes without the copy (`paged_w`, `paged_r`; loads copy out of the reader's buffer
+// unless posix_options::read_in_place is set).
 //
 //   bench/save_vs_raw [--workload fp32|bf16_adam] [--dir /work/benchdir] [--gib 1] [--rounds 6] [--chunk-mib 4] [--threads 0] [--pause 3] [--fio fio] [--reads-in-flight 16] [--writes-in-flight 32]
 
@@ -142,9 +143,9 @@ int main(int argc, char** argv) {
     };
     // Besides the three: the least work a verified load into the same tensors must do without
     // ckpt's format (O_DIRECT at ckpt's depth, a copy and a hash of every byte), and ckpt's load
-    // of the page-aligned tensors' checkpoint into them. Since 2026-12-05 a save places large
-    // chunks as far into a block as the tensor lies into its page, so both loads read in place;
-    // before, only the page-aligned one did.
+    // of the page-aligned tensors' checkpoint into them. Both read through the reader's buffer in
+    // windows of 4 MiB (since 2026-12-07; from 2026-12-05 both read in place, before that only the
+    // page-aligned one did).
     for (int k = 0; k < 5; ++k) {
       switch ((r + k) % 5) {
         case 0: cold(read, raw_file, [&] { raw_read(back, raw_file); }); break;
