@@ -354,6 +354,10 @@ class posix {
       (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
     }
     static constexpr std::size_t direct_alignment = 4096;
+    /// Whether the `bytes` at `offset` lie in the range will_read announced.
+    bool in_announced(std::uint64_t offset, std::size_t bytes) const noexcept {
+      return offset >= hint_.first && offset + bytes <= hint_.second;
+    }
     /// Smaller reads (headers, footers, values) go through the page cache, unless they are
     /// pieces of a larger range announced with will_read.
     static constexpr std::size_t direct_min = std::size_t{64} * 1024;

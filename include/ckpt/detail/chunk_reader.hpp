@@ -100,6 +100,7 @@ class chunk_reader {
     // before the first read (docs/performance.md, "What the investigations found").
     table_vector<chunk_read> reads;
     table_vector<std::size_t> direct, staged;  // indices into reads: in place, through the pipeline
+    std::uint64_t direct_bytes = 0;             // what the reads into place move
     reads.reserve(wanted.size());
     direct.reserve(has_host_view<Dev> ? wanted.size() : 0);
     for (std::size_t k = 0; k < wanted.size(); ++k) {
@@ -123,6 +124,7 @@ class chunk_reader {
             r.in_place = runs == 1 && bytes == c.stored_size[i];
           }
         }
+        if (r.in_place) direct_bytes += c.stored_size[i];
         (r.in_place ? direct : staged).push_back(reads.size());
         reads.push_back(r);
       }
@@ -163,8 +165,6 @@ class chunk_reader {
       // of a chunk each sent a placed 4 MiB chunk to the disk as two requests (its 4 MiB and the
       // block past them). Up to 16 MiB, and no more than an even share of the bytes per worker,
       // so that every worker has runs to read.
-      std::uint64_t direct_bytes = 0;
-      for (const auto k : direct) direct_bytes += wanted[reads[k].tensor].stored->chunks.stored_size[reads[k].chunk];
       const std::uint64_t most = std::clamp(direct_bytes / readers, std::uint64_t{4} << 20, std::uint64_t{16} << 20);
       for (std::size_t k = 0; k < direct.size(); ++k) {
         const auto& r = reads[direct[k]];

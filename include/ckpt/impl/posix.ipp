@@ -391,7 +391,7 @@ CKPT_DECL posix::reader::~reader() {
 }
 
 CKPT_DECL void posix::reader::read(std::uint64_t offset, std::span<std::byte> out) const {
-  const bool announced = offset >= hint_.first && offset + out.size() <= hint_.second;
+  const bool announced = in_announced(offset, out.size());
   if (!out.empty() && offset >= held_.first && offset < held_.second &&
       (announced || offset + out.size() <= held_.second)) {
     // Brought into the buffer by an earlier read (read_direct, read_batched): copied out. In an
@@ -437,7 +437,7 @@ CKPT_DECL bool posix::reader::cached(std::uint64_t offset, std::size_t bytes) co
 CKPT_DECL bool posix::reader::read_direct(std::uint64_t offset, std::span<std::byte> out) const {
   if (out.empty()) return false;
   const auto end = offset + out.size();
-  const bool announced = offset >= hint_.first && end <= hint_.second;
+  const bool announced = in_announced(offset, out.size());
   if ((announced ? hint_.second - hint_.first : out.size()) < direct_min) return false;
   if (announced) {
     // Asked once for the whole announced range: a run of many small chunks all in the page
@@ -560,7 +560,7 @@ CKPT_DECL bool posix::reader::read_batched(std::uint64_t offset, std::span<std::
   if (out.empty() || out.size() >= batched_max) return false;
   // Only inside an announced run, and only when it holds more than this read: a run of small
   // chunks, read one by one, costs a system call each.
-  if (offset < hint_.first || end > hint_.second || hint_.second - offset <= out.size()) return false;
+  if (!in_announced(offset, out.size()) || hint_.second - offset <= out.size()) return false;
   if (!block_) block_ = detail::kept_io_memory(block_bytes, direct_read_bytes);
   const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(hint_.second - offset, direct_read_bytes));
   held_ = {0, 0};  // nothing valid in the buffer until the read has ended
