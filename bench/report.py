@@ -394,7 +394,12 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
          "and hash", "", 0.95, True, res["many_tensors"]["many_tensors_load_vs_verified"], "bf16"),
         ("that verified read of the 100,000 tensors / ckpt's cold load of the one tensor (a bound on many / one)",
          "", 1.1, False, res["many_tensors"]["many_tensors_verified_vs_one_load"], "bf16"),
-    ] if "many_tensors_load_vs_best_raw" in res["many_tensors"] else []) + [
+    ] if "many_tensors_load_vs_best_raw" in res["many_tensors"] else []) + ([
+        # The bound on the save's many / one (measured since 2026-12-07, late).
+        ("a verified write of the 100,000 tensors without the format (copy, hash, O_DIRECT at ckpt's depth) / "
+         "ckpt's save of the one tensor (a bound on many / one)", "", 1.1, False,
+         res["many_tensors"]["many_tensors_verified_write_vs_one_save"], "bf16"),
+    ] if "many_tensors_verified_write_vs_one_save" in res["many_tensors"] else []) + [
     ] + ([
         # Retention's deletion, off the save's critical path since 2026-12-07 (bench/retention.cpp).
         ("save with keep_last_n = 1 (retiring a tag of the same size) / a save keeping every tag", "≤ 1.05", 1.05,
@@ -434,6 +439,8 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
                   "the same / a verified read into the same tensors without the format: O_DIRECT at ckpt's depth, "
                   "copy and hash",
                   "that verified read of the 100,000 tensors / ckpt's cold load of the one tensor (a bound on many / one)",
+                  "a verified write of the 100,000 tensors without the format (copy, hash, O_DIRECT at ckpt's depth) / "
+                  "ckpt's save of the one tensor (a bound on many / one)",
                   "warm load of the same / one tensor's (all in the page cache)",
                   # what the metadata would cost with no bytes to hide behind; the row above it decides
                   "a save of the 100,000 names alone (no bytes to merge behind) / the save",
@@ -544,6 +551,13 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
             bound = statistics.median(many["many_tensors_verified_vs_one_load"])
             return (f"; a verified read into the same 100,000 tensors without the format took {bound:.2f} times "
                     f"ckpt's load of the one tensor in the same runs (the copy that packed small tensors need)")
+        if (figure == "save of 100,000 MoE-like tensors (4 GiB) / the same bytes as one tensor"
+                and "many_tensors_verified_write_vs_one_save" in many):
+            bound = statistics.median(many["many_tensors_verified_write_vs_one_save"])
+            return (f"; a verified write of the same 100,000 tensors without the format took {bound:.2f} times "
+                    f"ckpt's save of the one tensor in the same runs"
+                    + (", so ckpt is at or past that limit" if statistics.median(many["many_tensors_save_ratio"]) <= bound
+                       else ""))
         key = {"save: torch.save+fsync time / ckpt save time": "torch_save_vs_raw",
                "load: torch.load time / ckpt load time, cold": "torch_load_cold_vs_raw"}.get(figure)
         if not ceilings or key is None:
@@ -1310,6 +1324,14 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
           f"{med(mt, 'many_tensors_raw_verified_read_s'):.3f} | {med(mt, 'many_tensors_load_vs_best_raw'):.2f} | "
           f"{med(mt, 'many_tensors_load_vs_verified'):.2f} | {med(mt, 'many_tensors_verified_vs_one_load'):.2f} |")
         w("")
+    if "many_tensors_verified_write_s" in mt:
+        w(f"Written, in the same runs, as the least a verified save of these bytes must do without ckpt's format "
+          f"(every byte copied into aligned buffers and hashed, O_DIRECT at ckpt's depth, each from a settled disk): "
+          f"from the 100,000 tensors {med(mt, 'many_tensors_verified_write_s'):.3f} s, from the one tensor "
+          f"{med(mt, 'one_tensor_verified_write_s'):.3f} s (many / one "
+          f"{med(mt, 'many_tensors_verified_write_ratio'):.2f}); that write of the 100,000 tensors / ckpt's save of "
+          f"the one tensor {med(mt, 'many_tensors_verified_write_vs_one_save'):.2f}, the bound on the save's many / one "
+          f"({med(mt, 'many_tensors_save_ratio'):.2f}).\n")
     if "many_tensors_warm_load_ratio" in mt:
         w(f"Loaded again warm, all in the page cache (as just after a save, or from a memory tier's tmpfs), in the "
           f"same runs: the 100,000 tensors {med(mt, 'many_tensors_warm_load_s'):.3f} s, the one tensor "
