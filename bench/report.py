@@ -660,9 +660,10 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
       "the save (runs 0.10, 0.04, 0.04; the first run's planning took 0.32 s where the others took 0.08 s). The "
       "cold-load rows for this workload moved the other way in the same run: / the round's fastest raw read 0.59 "
       "(0.97 and 0.99 in the two runs before, with nothing in the load path changed), because fio's deep read of "
-      "the same 4 GiB took 0.41-0.72 s (5.9-10.6 GB/s; 0.91 s in the run before), faster than this disk can "
+      "the same 4 GiB took 0.41-0.72 s (5.9-10.6 GB/s; 0.91 s in the run before), and even the raw O_DIRECT read "
+      "at queue depth 1 0.62-0.89 s (4.8-6.9 GB/s), faster than this disk can "
       "sustain: a 4 GiB file written with fio and read back six times with `fio --direct=1 --iodepth=16`, each "
-      "from a dropped cache after `sync` and 3 s, took 1.46-2.08 s (2.0-2.9 GB/s) just after the report. Reads "
+      "from a dropped cache after `sync` and 3 s, took 1.46-2.08 s (2.1-2.9 GB/s) just after the report. Reads "
       "on this VM are sometimes served from a cache outside it, and the rows against fio follow it; against the "
       "verified read of the same tensors, measured in the same rounds as ckpt's load, the 100,000 tensors' cold "
       "load was 0.90 (0.66-0.95).")
