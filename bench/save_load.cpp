@@ -123,7 +123,7 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     // them, before they are timed. On this VM (a PVM guest, shadow page tables) the first time the
     // kernel writes into a page of user memory costs a trip to the host, about 2 us per 4 KiB
     // page, even where the program itself has written that page: a first load into memory
-    // only the program had touched took 0.56-0.72 s for 1 GiB, the next ones 0.07-0.10 s
+    // only the program had touched took 0.56-0.72 s for 1 GiB, the next ones 0.07-0.11 s
     // (docs/performance.md). The raw baseline's buffers always have it behind them.
     raw_read(back, raw_file);
     read_through_cache(root);
