@@ -534,6 +534,19 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
              cold_copy),
     }
 
+    # The many-tensor rows' many / one against what the same work without the format takes for
+    # the 100,000 tensors, over ckpt's time for the one: (bound, ckpt's many / one, what it is).
+    many_bounds = {
+        "cold load of the same / one tensor's":
+            ("many_tensors_verified_vs_one_load", "many_tensors_load_ratio",
+             "a verified read into the same 100,000 tensors without the format took {:.2f} times ckpt's load of "
+             "the one tensor in the same runs (the copy that packed small tensors need)"),
+        "save of 100,000 MoE-like tensors (4 GiB) / the same bytes as one tensor":
+            ("many_tensors_verified_write_vs_one_save", "many_tensors_save_ratio",
+             "a verified write of the same 100,000 tensors without the format took {:.2f} times ckpt's save of "
+             "the one tensor in the same runs"),
+    }
+
     def limit_note(figure, note):
         """For a miss: the limit measured in the same rounds, where there is one."""
         if figure in limits:
@@ -547,17 +560,11 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
                 at = value >= limit if higher else value <= limit
                 return (f"; {what} reached {limit:.2f} against the same baseline in the same runs"
                         + (", so ckpt is at or past that limit" if at else ""))
-        if figure == "cold load of the same / one tensor's" and "many_tensors_verified_vs_one_load" in many:
-            bound = statistics.median(many["many_tensors_verified_vs_one_load"])
-            return (f"; a verified read into the same 100,000 tensors without the format took {bound:.2f} times "
-                    f"ckpt's load of the one tensor in the same runs (the copy that packed small tensors need)")
-        if (figure == "save of 100,000 MoE-like tensors (4 GiB) / the same bytes as one tensor"
-                and "many_tensors_verified_write_vs_one_save" in many):
-            bound = statistics.median(many["many_tensors_verified_write_vs_one_save"])
-            return (f"; a verified write of the same 100,000 tensors without the format took {bound:.2f} times "
-                    f"ckpt's save of the one tensor in the same runs"
-                    + (", so ckpt is at or past that limit" if statistics.median(many["many_tensors_save_ratio"]) <= bound
-                       else ""))
+        if figure in many_bounds and many_bounds[figure][0] in many:
+            bound_key, ratio_key, what = many_bounds[figure]
+            bound = statistics.median(many[bound_key])
+            return (f"; {what.format(bound)}"
+                    + (", so ckpt is at or past that limit" if statistics.median(many[ratio_key]) <= bound else ""))
         key = {"save: torch.save+fsync time / ckpt save time": "torch_save_vs_raw",
                "load: torch.load time / ckpt load time, cold": "torch_load_cold_vs_raw"}.get(figure)
         if not ceilings or key is None:
