@@ -14,6 +14,7 @@
 // definitions, not only those whose unity group happens to include a back end's header.
 #include <ckpt/impl/checkpointer.ipp>
 #include <ckpt/detail/chunk_details.hpp>
+#include <ckpt/detail/page_copy.hpp>
 #include <ckpt/detail/metadata.hpp>
 
 #include <algorithm>
@@ -77,6 +78,16 @@ struct page_block {
   page_block(const page_block&) = delete;
   page_block& operator=(const page_block&) = delete;
   std::byte* start;
+};
+
+/// Has ckpt::detail::slow_copy_window_here() answer `slow` until the end of the scope, so that
+/// a test takes the bounced route (or the direct one) for copies in the slow window whatever
+/// this machine's CPU would have it take.
+struct copy_window_forced {
+  explicit copy_window_forced(bool slow) { ckpt::detail::slow_copy_window_forced().store(slow ? 1 : 0); }
+  ~copy_window_forced() { ckpt::detail::slow_copy_window_forced().store(-1); }
+  copy_window_forced(const copy_window_forced&) = delete;
+  copy_window_forced& operator=(const copy_window_forced&) = delete;
 };
 
 /// Whether the file system under `dir` takes O_DIRECT, asked without ckpt's code.

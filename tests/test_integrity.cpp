@@ -346,9 +346,35 @@ TEST_CASE("the slow page-copy window and the bounce buffer's placement") {
   }
 }
 
+TEST_CASE("whether copies in the window are slow here: CKPT_SLOW_COPY_WINDOW, else measured, and forced by tests") {
+  using ckpt::detail::slow_copy_window_from_env;
+  CHECK(slow_copy_window_from_env("1") == std::optional<bool>(true));
+  CHECK(slow_copy_window_from_env("0") == std::optional<bool>(false));
+  for (const char* other : {"", "yes", "10", " 1", "true"}) {
+    CAPTURE(other);
+    CHECK_FALSE(slow_copy_window_from_env(other).has_value());  // anything else: measure
+  }
+  CHECK_FALSE(slow_copy_window_from_env(nullptr).has_value());  // unset: measure
+  // What the measurement says depends on the CPU; asked twice in a process, the answer is the same.
+  const bool here = ckpt::detail::slow_copy_window_here();
+  CHECK(ckpt::detail::slow_copy_window_here() == here);
+  {
+    const test::copy_window_forced forced(!here);
+    CHECK(ckpt::detail::slow_copy_window_here() == !here);
+    CHECK(ckpt::detail::avoid_copy(4096 + 16, 4096) == !here);
+    CHECK_FALSE(ckpt::detail::avoid_copy(4096 + 2048, 4096));  // outside the window: never
+  }
+  CHECK(ckpt::detail::slow_copy_window_here() == here);  // and back after the test's scope
+}
+
 TEST_CASE("copy_avoiding_slow_copy copies exactly, in the slow window and out of it") {
-  // In the window it copies in 2 KiB pieces (page_copy.hpp says why): every size around the
-  // piece boundaries, at every distance, must give exactly the source's bytes and nothing more.
+  // In the window, where copies there are slow, it copies in 2 KiB pieces (page_copy.hpp says
+  // why): every size around the piece boundaries, at every distance, must give exactly the
+  // source's bytes and nothing more, on either kind of CPU.
+  bool slow = true;
+  SUBCASE("on a CPU whose copies in the window are slow") {}
+  SUBCASE("on one whose are not") { slow = false; }
+  const test::copy_window_forced forced(slow);
   test::page_block block(3 * 65536);
   std::byte* source = block.start;
   std::byte* space = block.start + 65536;
@@ -371,9 +397,10 @@ TEST_CASE("copy_avoiding_slow_copy copies exactly, in the slow window and out of
 
 TEST_CASE("posix reads into buffers at every alignment return exactly the file's bytes") {
   // Reads whose destination lies just past the file offset modulo 4 KiB go through a bounce
-  // buffer (detail/page_copy.hpp says why); reads of bytes not in the page cache go with
-  // O_DIRECT through an aligned buffer. Every read must give the same bytes at any size,
-  // offset and placement.
+  // buffer (detail/page_copy.hpp says why), forced here whatever this CPU's answer;
+  // reads of bytes not in the page cache go with O_DIRECT through an aligned buffer. Every
+  // read must give the same bytes at any size, offset and placement.
+  const test::copy_window_forced forced(true);
   test::temp_dir dir;
   std::vector<std::byte> content(std::size_t{600} * 1024 + 77);
   std::mt19937 rng(3);
@@ -479,9 +506,11 @@ TEST_CASE("posix writes of every size reach the file in order, small ones gather
 
 TEST_CASE("posix writes from buffers at every placement reach the file exactly") {
   // Writes whose file position lies just past the buffer modulo 4 KiB go through a bounce
-  // buffer (detail/page_copy.hpp says why); the file must hold exactly what was written, from
-  // any placement, mixed with gathered small writes that move the position off 4 KiB. With
-  // O_DIRECT, the same writes are copied into the aligned buffer instead.
+  // buffer (detail/page_copy.hpp says why; forced here whatever this CPU's answer, and
+  // test_page_copy_routing.cpp checks both routes); the file must hold exactly what was
+  // written, from any placement, mixed with gathered small writes that move the position off
+  // 4 KiB. With O_DIRECT, the same writes are copied into the aligned buffer instead.
+  const test::copy_window_forced forced(true);
   bool direct = false;
   SUBCASE("through the page cache") {}
   SUBCASE("with O_DIRECT") { direct = true; }
