@@ -128,7 +128,6 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
     raw_read(back, raw_file);
     read_through_cache(root);
     if (run == 0) raw_read(odd, raw_file);
-    //
     // Two raw baselines, each timed in every round: one thread's read(2), and pread(2) split
     // over as many threads as ckpt's load uses (its `threads`, one per core up to 8). The
     // decisive ratio takes the faster of their medians. And, as the bound on that ratio, the
