@@ -191,15 +191,14 @@ void throughput(const std::string& workload, double gib, int runs, const std::fi
   // Thread k copies the k-th of `copiers` equal parts of the state's bytes, taken end to end.
   // The threads are started before the clock and joined after it: it runs from the signal to
   // go until the last part is copied.
+  const in_pieces layout(s);
   const auto parallel_copy = [&] {
     const auto part = [&](unsigned k) {
-      const auto total = s.bytes(), from = total / copiers * k, to = k + 1 == copiers ? total : total / copiers * (k + 1);
-      std::uint64_t at = 0;
-      for (std::size_t i = 0; i < s.tensors.size(); ++i) {
-        const std::uint64_t lo = std::max(from, at), hi = std::min<std::uint64_t>(to, at + s.tensors[i].size());
-        if (lo < hi) std::memcpy(huge_copy_of(i) + (lo - at), s.tensors[i].data() + (lo - at), hi - lo);
-        at += s.tensors[i].size();
-      }
+      const auto [from, to] = layout.part(k, copiers);
+      if (from == to) return;
+      layout.for_each_part(from, to, [&](std::size_t i, std::uint64_t in_tensor, std::uint64_t, std::uint64_t n) {
+        std::memcpy(huge_copy_of(i) + in_tensor, s.tensors[i].data() + in_tensor, n);
+      });
     };
     std::latch go(1), done(copiers);
     std::vector<std::thread> helpers;

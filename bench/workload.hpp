@@ -282,6 +282,12 @@ class in_pieces {
   }
   std::uint64_t total() const noexcept { return total_; }
 
+  /// The bytes [from, to) of the k-th of `parts` equal parts of the file, taken end to end (the
+  /// last takes what the division leaves).
+  std::pair<std::uint64_t, std::uint64_t> part(unsigned k, unsigned parts) const noexcept {
+    return {total_ / parts * k, k + 1 == parts ? total_ : total_ / parts * (k + 1)};
+  }
+
   /// Calls `f(tensor, at_in_tensor, at_in_piece, n)` for each run of `n` bytes of one tensor
   /// that the file's bytes [from, to) hold.
   template <class F>
@@ -431,7 +437,7 @@ inline void raw_read_parallel(state& s, const std::filesystem::path& file, unsig
   if (fd < 0) die("open " + file.string());
   std::atomic<std::uint64_t> sink{0};
   const auto part = [&](unsigned k) {
-    const auto total = layout.total(), from = total / threads * k, to = k + 1 == threads ? total : total / threads * (k + 1);
+    const auto [from, to] = layout.part(k, threads);
     if (from == to) return;
     std::uint64_t h = 0;
     layout.for_each_part(from, to, [&](std::size_t t, std::uint64_t in_tensor, std::uint64_t in_part, std::uint64_t n) {
