@@ -33,6 +33,12 @@
 // (raw_read_verified). That last one, against ckpt's load of the one tensor, bounds the cold
 // load's many / one on a disk that cannot read into such memory.
 //
+// Every cold read, ckpt's and the baselines', is the faster of two, each from a settled disk: this
+// disk has spells of slowness that last seconds. ckpt's cold load of the many tensors is also
+// split where its shard file is first opened for chunks: before that it opens the tag, visits the
+// state and plans, which the raw reads, knowing their offsets, do not; the reads from then on are
+// held against the verified read.
+//
 // --names-only times only the save and the (warm) load of the names, one element each, back to
 // back: what ckpt spends per tensor on its own, without the disk (run it on a tmpfs such as
 // /dev/shm). It also counts the allocations (operator new, replaced in this program) each makes
@@ -56,6 +62,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,12 +85,16 @@ namespace {
 using namespace bench;
 
 /// ckpt::posix, noting when the shard file is created (its bytes start) and when it is published
-/// (its bytes are durable): the save before and after those is its metadata's.
+/// (its bytes are durable): the save before and after those is its metadata's. And on a load,
+/// when a shard file is first opened to read chunks: before that the load opens the tag, visits
+/// the state and plans (the footer's details are read with `read`, not through a reader).
 class stamped_posix : public ckpt::posix {
  public:
   using ckpt::posix::posix;
   struct stamps {
     clock_type::time_point created, published;
+    std::mutex mutex;  // the load's workers open their readers at once
+    std::optional<clock_type::time_point> first_reader;
   };
   class writer : public ckpt::posix::writer {
    public:
@@ -100,7 +112,19 @@ class stamped_posix : public ckpt::posix {
     if (shard) stamps_->created = clock_type::now();
     return writer(ckpt::posix::create(key), shard ? stamps_.get() : nullptr);
   }
+  reader open_reader(std::string_view key) const {
+    if (key.ends_with(".ckpt")) {
+      const std::lock_guard lock(stamps_->mutex);
+      if (!stamps_->first_reader) stamps_->first_reader = clock_type::now();
+    }
+    return ckpt::posix::open_reader(key);
+  }
   const stamps& last() const { return *stamps_; }
+  /// Forgets the last load's first reader: the next load's is noted.
+  void expect_load() const {
+    const std::lock_guard lock(stamps_->mutex);
+    stamps_->first_reader.reset();
+  }
 
  private:
   std::shared_ptr<stamps> stamps_ = std::make_shared<stamps>();  // shared by the checkpointer's copy
@@ -282,7 +306,8 @@ int main(int argc, char** argv) {
   raw_write_direct(many, raw_file);
   const auto fio_bytes = (many.bytes() + (std::uint64_t{4} << 20) - 1) >> 22 << 22;  // whole 4 MiB blocks
   if (!fio.empty()) (void)fio_seconds(fio, fio_file, fio_bytes, "write", "4M");
-  std::vector<double> direct_s, verified_s, fio_s, vs_best, vs_verified, bound, write_bound;
+  std::vector<double> direct_s, verified_s, fio_s, vs_best, vs_verified, bound, write_bound, pre_read, reads_vs_verified;
+  constexpr int cold_tries = 2;
   struct job {
     const char* name;
     state* s;
@@ -293,7 +318,7 @@ int main(int argc, char** argv) {
               "many_load_s", "one_load_s", "ratio", "names_save_s", "many_meta_s", "one_meta_s", "raw_direct_s", "raw_verified_s",
               "fio_read_s");
   for (int r = 0; r <= runs; ++r) {  // run 0 warms up
-    double saved[3] = {}, loaded[3] = {}, metadata[3] = {}, before[3] = {}, cached[3] = {}, warm[3] = {};
+    double saved[3] = {}, loaded[3] = {}, metadata[3] = {}, before[3] = {}, cached[3] = {}, warm[3] = {}, before_read[3] = {};
     for (int k = 0; k < 3; ++k) {
       const int j = (r + k) % 3;
       const auto where = root / jobs[j].name;
@@ -308,8 +333,21 @@ int main(int argc, char** argv) {
       const auto& at = disk.last();
       before[j] = std::chrono::duration<double>(at.created - t0).count();
       metadata[j] = before[j] + saved[j] - std::chrono::duration<double>(at.published - t0).count();
-      // Into the same buffers: every chunk is still read and verified.
-      loaded[j] = timed_cold(where, pause, [&] { cp.load(*jobs[j].s); });
+      // Into the same buffers: every chunk is still read and verified. The faster of two cold
+      // loads, each from a settled disk, as fio's read is the faster of two (this disk has spells
+      // of slowness that last seconds); with the time before its shard file was first opened
+      // for chunks.
+      loaded[j] = std::numeric_limits<double>::infinity();
+      for (int attempt = 0; attempt < cold_tries; ++attempt) {
+        double pre = 0;
+        const double took = timed_cold(where, pause, [&] {
+          disk.expect_load();
+          const auto l0 = clock_type::now();
+          cp.load(*jobs[j].s);
+          if (const auto& first = disk.last().first_reader) pre = std::chrono::duration<double>(*first - l0).count();
+        });
+        if (took < loaded[j]) loaded[j] = took, before_read[j] = pre;
+      }
       cached[j] = cached_share(where);
       // Warm, all in the page cache (the cold load read with O_DIRECT, which caches nothing):
       // what a load just after a save, or from a memory tier's tmpfs, costs per tensor.
@@ -334,12 +372,20 @@ int main(int argc, char** argv) {
       verified_write[j] = since(t0);
     }
     std::filesystem::remove(verified_file);
-    // The raw reads of the same bytes into the same tensors, in an order that rotates.
-    double direct = 0, verified = 0, deep = std::numeric_limits<double>::infinity();
+    // The raw reads of the same bytes into the same tensors, in an order that rotates, each the
+    // faster of two from a settled disk, as ckpt's loads above and fio's reads are.
+    constexpr double never = std::numeric_limits<double>::infinity();
+    double direct = never, verified = never, deep = never;
     for (int k = 0; k < 3; ++k) {
       switch ((r + k) % 3) {
-        case 0: direct = timed_cold(raw_file, pause, [&] { raw_read_direct(many, raw_file); }); break;
-        case 1: verified = timed_cold(raw_file, pause, [&] { raw_read_verified(many, raw_file, reads_in_flight); }); break;
+        case 0:
+          for (int attempt = 0; attempt < cold_tries; ++attempt)
+            direct = std::min(direct, timed_cold(raw_file, pause, [&] { raw_read_direct(many, raw_file); }));
+          break;
+        case 1:
+          for (int attempt = 0; attempt < cold_tries; ++attempt)
+            verified = std::min(verified, timed_cold(raw_file, pause, [&] { raw_read_verified(many, raw_file, reads_in_flight); }));
+          break;
         default:
           if (!fio.empty()) deep = fastest_fio_read(fio, fio_file, fio_bytes, pause);
       }
@@ -373,6 +419,13 @@ int main(int argc, char** argv) {
     std::printf("many_tensors_save_us %.6g\nmany_tensors_load_us %.6g\nmany_tensors_names_us %.6g\n",
                 (saved[0] - saved[1]) / n * 1e6, (loaded[0] - loaded[1]) / n * 1e6, saved[2] / n * 1e6);
     std::printf("many_tensors_cached_after_load %.6g\none_tensor_cached_after_load %.6g\n", cached[0], cached[1]);
+    // Where the many tensors' cold load goes: before its shard file is first opened for chunks
+    // (opening the tag, visiting the state, planning), and the reads from then on, against the
+    // verified read of the same bytes into the same tensors.
+    std::printf("many_tensors_load_before_read_s %.6g\none_tensor_load_before_read_s %.6g\n", before_read[0], before_read[1]);
+    std::printf("many_tensors_load_before_read_share %.6g\nmany_tensors_reads_vs_verified %.6g\n", before_read[0] / loaded[0],
+                verified / (loaded[0] - before_read[0]));
+    pre_read.push_back(before_read[0]), reads_vs_verified.push_back(verified / (loaded[0] - before_read[0]));
     std::printf("many_tensors_metadata_us %.6g\nmany_tensors_metadata_before_file_s %.6g\nmany_tensors_metadata_after_file_s %.6g\n",
                 metadata[0] / n * 1e6, before[0], metadata[0] - before[0]);
   }
@@ -389,6 +442,9 @@ int main(int argc, char** argv) {
               per_tensor_us(jobs[0].metadata, jobs[1].metadata), median(jobs[2].save) / n * 1e6);
   std::printf("a verified write of the many tensors without the format (copy, hash, O_DIRECT at depth %u) / ckpt's save of the "
               "one tensor %.3f\n", writes_in_flight, median(write_bound));
+  std::printf("the cold load of the many tensors spent %.3f s before its shard file was first opened for chunks (opening the tag, "
+              "visiting the state, planning); the verified read / its reads from then on %.3f\n",
+              median(pre_read), median(reads_vs_verified));
   char deep_read[32] = "skipped";
   if (!fio_s.empty()) std::snprintf(deep_read, sizeof deep_read, "%.3f s", median(fio_s));
   std::printf("the same bytes read raw into the many tensors, cold: O_DIRECT at depth 1 with a copy %.3f s, verified (O_DIRECT at "
