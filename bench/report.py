@@ -1448,7 +1448,7 @@ def write_doc(a, res, peer, scale, save_scaling, measured=None):
     w(f"`build/bench/many_tensors_io --runs {a.runs}` (report.py passes `--dir`): 100,000 bf16 tensors, 4 GiB in "
       "all (the issue's sizes cannot all hold: 100,000 tensors of 64 KiB are 6.1 GiB; so experts of 8-56 KiB, about "
       "3 GiB, and four embeddings sharing the rest), against the same bytes as one tensor, each saved from a settled "
-      "disk and loaded cold in an order that rotates; and a save of the same 100,000 names with one element each, "
+      "disk and loaded cold (the faster of two loads, each from a settled disk) in an order that rotates; and a save of the same 100,000 names with one element each, "
       "which costs what planning, indexing and committing them costs without the bytes. *Metadata on the critical "
       "path*: the part of the save of the 100,000 tensors before its shard file's first byte (planning) and after "
       "the file is published (the commit), timed through a Storage that notes both; rank 0 merges the commit's "
