@@ -510,6 +510,15 @@ double timed_cold(const std::filesystem::path& p, unsigned pause, Read&& read) {
   return since(t0);
 }
 
+/// The faster of `tries` cold reads (timed_cold each): this disk has spells of slowness that last
+/// seconds, and one of them in a single read decided a run.
+template <class Read>
+double fastest_cold(const std::filesystem::path& p, unsigned pause, int tries, Read&& read) {
+  double fastest = std::numeric_limits<double>::infinity();
+  for (int attempt = 0; attempt < tries; ++attempt) fastest = std::min(fastest, timed_cold(p, pause, read));
+  return fastest;
+}
+
 /// fio's cold reads of `file` (`bytes` of it) with 1 MiB and with 4 MiB requests, 16 in flight,
 /// each from a settled disk: the faster, in seconds.
 inline double fastest_fio_read(const std::string& fio, const std::filesystem::path& file, std::uint64_t bytes,
